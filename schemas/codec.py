@@ -1,0 +1,215 @@
+"""Encode and decode wire batches in the two encodings, chosen by the ``content-type`` header.
+
+- ``application/json``: columnar JSON, ``{"schema_version": 1, "kind": "samples", "source":
+  {...}, "seq": n, "sent_ns": t, "clock": {...}, "columns": {"ts_ns": [...], ...}}``. A string
+  in the ``value`` column is a non-numeric reading and moves to ``text``.
+- ``application/vnd.apache.arrow.stream``: Arrow IPC stream; the envelope is JSON in the schema
+  metadata key ``refinery.envelope``.
+
+Both decode to the same :class:`~schemas.wire.Batch`. :func:`decode` raises
+:class:`~schemas.errors.RejectedInput` with a reason code for anything it cannot accept; it
+never raises anything else for any input bytes.
+
+Example::
+
+    >>> import pyarrow as pa
+    >>> from schemas.wire import Envelope, SourceId, SAMPLES_SCHEMA
+    >>> env = Envelope(source=SourceId(node="n1", exporter="node", instance="0", boot_id="b"),
+    ...                seq=1, sent_ns=10)
+    >>> t = pa.table({"ts_ns": [5], "metric": ["cpu.busy"], "device": ["cpu0"], "value": [1.0],
+    ...               "raw": pa.array([None], pa.uint64()), "text": pa.array([None], pa.string())},
+    ...              schema=SAMPLES_SCHEMA)
+    >>> ct, body = encode(env, t, JSON)
+    >>> decode(body, ct).table.equals(t)
+    True
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import pyarrow as pa
+from pydantic import ValidationError
+
+from schemas.errors import RejectedInput
+from schemas.reasons import Reason
+from schemas.wire import (
+    PAYLOAD_SCHEMAS,
+    SUPPORTED_SCHEMA_VERSIONS,
+    Batch,
+    Envelope,
+)
+
+JSON = "application/json"
+ARROW = "application/vnd.apache.arrow.stream"
+CONTENT_TYPES = frozenset({JSON, ARROW})
+ENVELOPE_KEY = b"refinery.envelope"
+
+MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+MAX_DECODED_BYTES = 64 * 1024 * 1024
+MAX_ROWS = 200_000
+
+
+def encode(envelope: Envelope, table: pa.Table, content_type: str = ARROW) -> tuple[str, bytes]:
+    """Serialize one batch; returns ``(content_type, body)``. The table must fit its schema."""
+    schema = PAYLOAD_SCHEMAS[envelope.kind]
+    table = table.select(schema.names).cast(schema)
+    if content_type == ARROW:
+        meta = {ENVELOPE_KEY: envelope.model_dump_json(exclude_none=True).encode()}
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, table.schema.with_metadata(meta)) as w:
+            w.write_table(table)
+        return ARROW, sink.getvalue().to_pybytes()
+    if content_type == JSON:
+        doc = envelope.model_dump(mode="json", exclude_none=True)
+        doc["columns"] = {name: table.column(name).to_pylist() for name in schema.names}
+        return JSON, json.dumps(doc, separators=(",", ":"), allow_nan=False).encode()
+    raise ValueError(f"unsupported content type {content_type!r}")
+
+
+def content_type_of(headers: Any) -> str | None:
+    """The ``content-type`` header from Kafka headers (list of pairs or dict), or None."""
+    if not headers:
+        return None
+    items = headers.items() if isinstance(headers, dict) else headers
+    for k, v in items:
+        if k == "content-type":
+            if isinstance(v, bytes):
+                return v.decode("utf-8", "replace")
+            return str(v) if v is not None else None
+    return None
+
+
+def decode(body: bytes | None, content_type: str | None) -> Batch:
+    """Decode one Kafka message value. Raises RejectedInput and nothing else."""
+    try:
+        return _decode(body, content_type)
+    except RejectedInput:
+        raise
+    except Exception as e:  # any library error on hostile bytes is an undecodable record
+        raise RejectedInput(Reason.UNDECODABLE, f"{type(e).__name__}: {e}"[:300]) from e
+
+
+def _decode(body: bytes | None, content_type: str | None) -> Batch:
+    if content_type not in CONTENT_TYPES:
+        raise RejectedInput(
+            Reason.UNSUPPORTED_CONTENT_TYPE, f"content-type {content_type!r} is not supported"
+        )
+    if body is None or len(body) == 0:
+        raise RejectedInput(Reason.UNDECODABLE, "empty message value")
+    if len(body) > MAX_MESSAGE_BYTES:
+        raise RejectedInput(Reason.OVERSIZED, f"message of {len(body)} bytes")
+    if content_type == JSON:
+        return _decode_json(body)
+    return _decode_arrow(body)
+
+
+def _envelope(doc: Any) -> Envelope:
+    if not isinstance(doc, dict):
+        raise RejectedInput(Reason.BAD_ENVELOPE, "envelope is not an object")
+    version = doc.get("schema_version")
+    if version not in SUPPORTED_SCHEMA_VERSIONS:
+        raise RejectedInput(
+            Reason.UNSUPPORTED_SCHEMA_VERSION, f"schema_version {version!r} is not supported"
+        )
+    try:
+        return Envelope.model_validate(doc)
+    except ValidationError as e:
+        err = e.errors()[0]
+        loc = ".".join(str(p) for p in err["loc"])
+        raise RejectedInput(Reason.BAD_ENVELOPE, f"{loc}: {err['msg']}") from e
+
+
+def _conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """Cast to the payload schema; missing nullable columns become NULL, extra ones are dropped."""
+    if table.num_rows > MAX_ROWS:
+        raise RejectedInput(Reason.OVERSIZED, f"{table.num_rows} rows > {MAX_ROWS}")
+    cols = []
+    for field in schema:
+        if field.name in table.column_names:
+            col = table.column(field.name)
+            if pa.types.is_dictionary(col.type):
+                col = col.cast(col.type.value_type)
+            try:
+                col = col.cast(field.type)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+                raise RejectedInput(
+                    Reason.SCHEMA_MISMATCH, f"column {field.name}: {col.type} is not {field.type}"
+                ) from e
+            if not field.nullable and col.null_count:
+                raise RejectedInput(Reason.SCHEMA_MISMATCH, f"column {field.name} has nulls")
+        elif field.nullable:
+            col = pa.nulls(table.num_rows, field.type)
+        else:
+            raise RejectedInput(Reason.SCHEMA_MISMATCH, f"column {field.name} is missing")
+        cols.append(col)
+    return pa.Table.from_arrays(cols, schema=schema)
+
+
+def _decode_json(body: bytes) -> Batch:
+    try:
+        doc = json.loads(body)
+    except (ValueError, RecursionError) as e:
+        raise RejectedInput(Reason.UNDECODABLE, f"not JSON: {e}"[:300]) from e
+    if not isinstance(doc, dict):
+        raise RejectedInput(Reason.BAD_ENVELOPE, "top level is not an object")
+    columns = doc.pop("columns", None)
+    envelope = _envelope(doc)
+    if not isinstance(columns, dict):
+        raise RejectedInput(Reason.SCHEMA_MISMATCH, "'columns' is missing or not an object")
+    schema = PAYLOAD_SCHEMAS[envelope.kind]
+    lengths = {len(v) for v in columns.values() if isinstance(v, list)}
+    if len(lengths) > 1 or any(not isinstance(v, list) for v in columns.values()):
+        raise RejectedInput(Reason.SCHEMA_MISMATCH, "columns are not lists of one length")
+    n = lengths.pop() if lengths else 0
+    if n > MAX_ROWS:
+        raise RejectedInput(Reason.OVERSIZED, f"{n} rows > {MAX_ROWS}")
+    if "value" in columns and "value" in schema.names:
+        values = columns["value"]
+        if any(isinstance(v, str) for v in values):
+            text = columns.get("text") or [None] * n
+            columns["text"] = [v if isinstance(v, str) else t for v, t in zip(values, text)]
+            columns["value"] = [None if isinstance(v, str) else v for v in values]
+    arrays = {}
+    for field in schema:
+        if field.name not in columns:
+            continue
+        try:
+            arrays[field.name] = pa.array(columns[field.name], type=field.type)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError) as e:
+            raise RejectedInput(
+                Reason.SCHEMA_MISMATCH, f"column {field.name}: {e}"[:300]
+            ) from e
+    table = pa.table(arrays) if arrays else pa.table({"_": pa.nulls(n)})
+    return Batch(envelope=envelope, table=_conform(table, schema))
+
+
+def _decode_arrow(body: bytes) -> Batch:
+    try:
+        reader = pa.ipc.open_stream(pa.py_buffer(body))
+    except (pa.ArrowInvalid, OSError) as e:
+        raise RejectedInput(Reason.UNDECODABLE, f"not an Arrow IPC stream: {e}"[:300]) from e
+    meta = reader.schema.metadata or {}
+    raw_env = meta.get(ENVELOPE_KEY)
+    if raw_env is None:
+        raise RejectedInput(Reason.BAD_ENVELOPE, "schema metadata has no refinery.envelope")
+    try:
+        env_doc = json.loads(raw_env)
+    except ValueError as e:
+        raise RejectedInput(Reason.BAD_ENVELOPE, "envelope metadata is not JSON") from e
+    envelope = _envelope(env_doc)
+    batches = []
+    total = 0
+    for rb in reader:  # decompresses one record batch at a time, so the bound holds as we go
+        total += rb.nbytes
+        if total > MAX_DECODED_BYTES:
+            raise RejectedInput(Reason.OVERSIZED, f"decoded size over {MAX_DECODED_BYTES} bytes")
+        batches.append(rb)
+    table = pa.Table.from_batches(batches, schema=reader.schema)
+    return Batch(envelope=envelope, table=_conform(table, PAYLOAD_SCHEMAS[envelope.kind]))
+
+
+def is_finite(x: float | None) -> bool:
+    return x is not None and math.isfinite(x)

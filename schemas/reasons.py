@@ -1,0 +1,48 @@
+"""Reason codes: why a record went to the dead-letter topic or a value became NULL.
+
+The list is the documented contract; codes are never renamed, only added.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class Reason(StrEnum):
+    """Why a whole Kafka record, or a single sample of it, was quarantined."""
+
+    # whole record
+    UNSUPPORTED_CONTENT_TYPE = "unsupported_content_type"  # header missing or unknown
+    UNDECODABLE = "undecodable"  # bytes are not valid JSON / Arrow IPC
+    OVERSIZED = "oversized"  # message, decompressed size or sample count over a limit
+    BAD_ENVELOPE = "bad_envelope"  # envelope missing fields or of the wrong type
+    UNSUPPORTED_SCHEMA_VERSION = "unsupported_schema_version"
+    SCHEMA_MISMATCH = "schema_mismatch"  # sample columns missing or of the wrong type
+    # single sample
+    UNKNOWN_METRIC = "unknown_metric"  # metric not in the catalog
+    BAD_DEVICE = "bad_device"  # empty or over-long device string
+    NON_FINITE = "non_finite"  # NaN or infinite value
+    OUT_OF_RANGE = "out_of_range"  # outside the catalog's valid range
+    TIMESTAMP_OUT_OF_WINDOW = "timestamp_out_of_window"  # ts_ns not within a sane window
+    WRONG_KIND = "wrong_kind"  # e.g. a counter without a raw value, or a negative counter
+
+
+class NullReason(StrEnum):
+    """Why a refined value is NULL although its sample was kept."""
+
+    SENTINEL = "sentinel"  # a documented "no data" marker (DCGM blank, "N/A (no PMA)")
+    FIRST_SAMPLE = "first_sample"  # a counter's first reading: no delta yet
+    RESET = "reset"  # counter reset assumed (boot_id change or decrease): delta unknown
+    SATURATED = "saturated"  # a saturating counter stuck at its maximum
+
+
+RECORD_REASONS: frozenset[Reason] = frozenset(
+    {
+        Reason.UNSUPPORTED_CONTENT_TYPE,
+        Reason.UNDECODABLE,
+        Reason.OVERSIZED,
+        Reason.BAD_ENVELOPE,
+        Reason.UNSUPPORTED_SCHEMA_VERSION,
+        Reason.SCHEMA_MISMATCH,
+    }
+)

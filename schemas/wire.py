@@ -1,0 +1,147 @@
+"""The raw wire contract: one Kafka message carries one batch from one source on one node.
+
+A batch is an :class:`Envelope` (who sent it, in what order, when, how well its clock is
+synced) plus a columnar payload. Three payload kinds share the envelope, one per topic:
+
+=============  =====================  =========================================
+payload kind   topic                  Arrow schema
+=============  =====================  =========================================
+``samples``    telemetry.raw          :data:`SAMPLES_SCHEMA`
+``events``     telemetry.events       :data:`EVENTS_SCHEMA`
+``collectives`` telemetry.collectives :data:`COLLECTIVES_SCHEMA`
+=============  =====================  =========================================
+
+Encodings (header ``content-type``) are in :mod:`schemas.codec`.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+import pyarrow as pa
+from pydantic import BaseModel, ConfigDict, Field
+
+SCHEMA_VERSION = 1
+SUPPORTED_SCHEMA_VERSIONS = frozenset({1})
+
+# Bounds on strings in the envelope; samples have their own in pipelines.validate.
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:@+-]{0,127}$"
+
+
+class PayloadKind(StrEnum):
+    SAMPLES = "samples"
+    EVENTS = "events"
+    COLLECTIVES = "collectives"
+
+
+class SyncState(StrEnum):
+    SYNCED = "synced"
+    UNSYNCED = "unsynced"
+    UNKNOWN = "unknown"
+
+
+class ClockBlock(BaseModel):
+    """The source's own view of its clock (chrony ``tracking`` or a PTP servo)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    source: str = Field(max_length=32, description="chrony, ptp4l, phc2sys, bmc, none")
+    offset_ns: int | None = Field(
+        default=None, description="local clock minus reference, as the daemon reports it"
+    )
+    error_bound_ns: int | None = Field(default=None, ge=0)
+    state: SyncState = SyncState.UNKNOWN
+    stratum: int | None = Field(default=None, ge=0, le=16)
+    reference: str | None = Field(default=None, max_length=128)
+
+
+class SourceId(BaseModel):
+    """A source's identity; ``seq`` is monotonic within one ``boot_id`` of it."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    node: str = Field(pattern=NAME_PATTERN)
+    exporter: str = Field(pattern=NAME_PATTERN)
+    instance: str = Field(pattern=NAME_PATTERN)
+    boot_id: str = Field(pattern=NAME_PATTERN)
+
+    def key(self) -> str:
+        """A stable string key for tables keyed by source."""
+        return f"{self.node}|{self.exporter}|{self.instance}|{self.boot_id}"
+
+    def stream_key(self) -> str:
+        """Key of the source across boots (counters reset when ``boot_id`` changes)."""
+        return f"{self.node}|{self.exporter}|{self.instance}"
+
+
+class Envelope(BaseModel):
+    """Batch header. ``sent_ns`` is the source's clock when the batch was handed to Kafka."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    schema_version: int = SCHEMA_VERSION
+    kind: PayloadKind = PayloadKind.SAMPLES
+    source: SourceId
+    seq: int = Field(ge=0)
+    sent_ns: int = Field(ge=0)
+    interval_ns: int | None = Field(default=None, ge=0, description="scrape interval, if periodic")
+    clock: ClockBlock | None = None
+
+
+# --- payload schemas ------------------------------------------------------------------------
+
+SAMPLES_SCHEMA = pa.schema(
+    [
+        pa.field("ts_ns", pa.int64(), nullable=False),  # source clock, ns since the epoch
+        pa.field("metric", pa.string(), nullable=False),  # catalog name or alias
+        pa.field("device", pa.string(), nullable=False),  # gpu3, mlx5_0/1, mlx5_0/1/prio3, cpu12
+        pa.field("value", pa.float64()),  # the reading (gauges) or raw as float (counters)
+        pa.field("raw", pa.uint64()),  # counters: the raw cumulative reading, exact
+        pa.field("text", pa.string()),  # a non-numeric reading as read ("N/A (no PMA)")
+    ]
+)
+
+EVENTS_SCHEMA = pa.schema(
+    [
+        pa.field("ts_ns", pa.int64(), nullable=False),
+        pa.field("event", pa.string(), nullable=False),  # xid, link_down, link_up, throttle, sel
+        pa.field("device", pa.string(), nullable=False),
+        pa.field("code", pa.int64()),  # XID number, SEL code, new bitmask value
+        pa.field("severity", pa.string()),
+        pa.field("message", pa.string()),  # the original line or text
+        pa.field("attrs", pa.string()),  # JSON object of extra fields (pid, pci bus id, ...)
+    ]
+)
+
+COLLECTIVES_SCHEMA = pa.schema(
+    [
+        pa.field("ts_ns", pa.int64(), nullable=False),  # this rank's start (arrival)
+        pa.field("end_ns", pa.int64()),
+        pa.field("job", pa.string(), nullable=False),
+        pa.field("comm", pa.string(), nullable=False),  # communicator id / hash
+        pa.field("op", pa.string(), nullable=False),  # AllReduce, AllGather, ...
+        pa.field("op_seq", pa.int64(), nullable=False),  # instance number within comm
+        pa.field("rank", pa.int32(), nullable=False),
+        pa.field("nranks", pa.int32(), nullable=False),
+        pa.field("device", pa.string(), nullable=False),  # gpuN on this node
+        pa.field("bytes", pa.int64()),
+        pa.field("dtype", pa.string()),
+        pa.field("algbw_gbps", pa.float64()),  # GB/s as nccl-tests prints it
+        pa.field("busbw_gbps", pa.float64()),
+    ]
+)
+
+PAYLOAD_SCHEMAS: dict[PayloadKind, pa.Schema] = {
+    PayloadKind.SAMPLES: SAMPLES_SCHEMA,
+    PayloadKind.EVENTS: EVENTS_SCHEMA,
+    PayloadKind.COLLECTIVES: COLLECTIVES_SCHEMA,
+}
+
+
+class Batch(BaseModel):
+    """A decoded batch: envelope plus an Arrow table conforming to its payload schema."""
+
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
+
+    envelope: Envelope
+    table: pa.Table
