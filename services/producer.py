@@ -1,0 +1,233 @@
+"""The producer path shared by every exporter, the importers and the simulator.
+
+:class:`BatchProducer` wraps a confluent-kafka ``Producer`` with idempotence and ``acks=all``,
+compression and batching. It encodes each batch (Arrow IPC by default) with its
+``content-type`` header and the source node as key.
+
+When Kafka is unreachable, librdkafka keeps retrying messages in its own queue until
+``message.timeout.ms`` (default here: 5 minutes, so a broker restart costs nothing). Beyond that
+queue, batches wait in a bounded spool (memory, or ``spool_dir`` on disk) and are re-sent when the
+broker is back. Overflow policy: when the spool is full the OLDEST batch is dropped and counted
+in ``stats.dropped_overflow`` — a node exporter prefers fresh data to a stale backlog; nothing
+is dropped silently.
+
+Delivery reports go to ``on_delivery(envelope_key, error, partition, offset)`` when given, so a
+caller (the simulator) can record exactly which batches were acknowledged.
+
+Example::
+
+    p = BatchProducer(KafkaSettings(), topic="telemetry.raw")
+    p.send(envelope, table)
+    p.close()   # flushes
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
+
+from schemas.codec import ARROW, encode
+from schemas.wire import Envelope
+from services.settings import KafkaSettings
+
+log = logging.getLogger(__name__)
+
+DeliveryCallback = Callable[[str, "KafkaError | None", int, int], None]
+
+
+@dataclass
+class ProducerStats:
+    sent: int = 0
+    acked: int = 0
+    failed: int = 0
+    spooled: int = 0
+    resent: int = 0
+    dropped_overflow: int = 0
+
+
+@dataclass(frozen=True)
+class _Pending:
+    key: bytes
+    value: bytes
+    headers: tuple[tuple[str, bytes], ...]
+    tag: str
+
+
+class BatchProducer:
+    """Publish encoded batches to one topic. Not thread-safe; call :meth:`poll` or
+    :meth:`send` regularly so delivery callbacks run. :meth:`close` flushes."""
+
+    def __init__(
+        self,
+        kafka: KafkaSettings,
+        *,
+        topic: str,
+        content_type: str = ARROW,
+        spool_dir: Path | None = None,
+        spool_max_batches: int = 10_000,
+        on_delivery: DeliveryCallback | None = None,
+        extra_conf: dict[str, Any] | None = None,
+    ) -> None:
+        conf: dict[str, Any] = {
+            **kafka.librdkafka(),
+            "enable.idempotence": True,
+            "acks": "all",
+            "compression.type": "zstd",
+            "linger.ms": 20,
+            "batch.size": 1_000_000,
+            "message.max.bytes": 8_000_000,
+            "queue.buffering.max.kbytes": 512 * 1024,
+            "message.timeout.ms": 300_000,
+        }
+        conf.update(extra_conf or {})
+        self._producer = Producer(conf)
+        self.topic = topic
+        self.content_type = content_type
+        self.stats = ProducerStats()
+        self._on_delivery = on_delivery
+        self._spool: collections.deque[_Pending] = collections.deque()
+        self._spool_max = spool_max_batches
+        self._spool_dir = spool_dir
+        if spool_dir is not None:
+            spool_dir.mkdir(parents=True, exist_ok=True)
+            self._load_spool()
+
+    # -- sending ----------------------------------------------------------------------------
+
+    def send(self, envelope: Envelope, table: pa.Table, *, key: str | None = None) -> None:
+        """Encode and enqueue one batch; never blocks for long (it spools instead)."""
+        ct, body = encode(envelope, table, self.content_type)
+        tag = f"{envelope.source.key()}|{envelope.seq}"
+        self.send_encoded(
+            (key or envelope.source.node).encode(), body, (("content-type", ct.encode()),), tag
+        )
+
+    def send_encoded(
+        self,
+        key: bytes,
+        value: bytes,
+        headers: tuple[tuple[str, bytes], ...] = (),
+        tag: str = "",
+    ) -> None:
+        """Enqueue pre-encoded bytes (importers, the simulator's malformed records)."""
+        self._drain_spool()
+        item = _Pending(key, value, headers, tag)
+        if self._spool or not self._produce(item):
+            self._to_spool(item)
+        self._producer.poll(0)
+
+    def _produce(self, item: _Pending) -> bool:
+        try:
+            self._producer.produce(
+                self.topic,
+                value=item.value,
+                key=item.key,
+                headers=list(item.headers),
+                on_delivery=self._delivered(item),
+            )
+        except BufferError:
+            return False
+        except KafkaException as e:
+            log.warning("produce failed, spooling: %s", e)
+            return False
+        self.stats.sent += 1
+        return True
+
+    def _delivered(self, item: _Pending) -> Callable[[KafkaError | None, Message], None]:
+        def cb(err: KafkaError | None, msg: Message) -> None:
+            if err is None:
+                self.stats.acked += 1
+            else:
+                self.stats.failed += 1
+                # a timed-out batch is kept: back into the spool for another try. It may
+                # have been written after all; the refiner drops such a resend as a
+                # transport duplicate (same source and seq), so nothing doubles downstream.
+                if err.retriable() or err.code() == KafkaError._MSG_TIMED_OUT:
+                    self._to_spool(item)
+            if self._on_delivery is not None:
+                part = msg.partition() if err is None else -1
+                off = msg.offset() if err is None else -1
+                self._on_delivery(item.tag, err, part if part is not None else -1, off or -1)
+
+        return cb
+
+    # -- spool ------------------------------------------------------------------------------
+
+    def _to_spool(self, item: _Pending) -> None:
+        if len(self._spool) >= self._spool_max:
+            self._spool.popleft()
+            self.stats.dropped_overflow += 1
+        self._spool.append(item)
+        self.stats.spooled += 1
+
+    def _drain_spool(self) -> None:
+        while self._spool:
+            if not self._produce(self._spool[0]):
+                return
+            self._spool.popleft()
+            self.stats.resent += 1
+
+    def _spool_path(self) -> Path:
+        assert self._spool_dir is not None
+        return self._spool_dir / "spool.arrow"
+
+    def _save_spool(self) -> None:
+        if self._spool_dir is None:
+            return
+        path = self._spool_path()
+        if not self._spool:
+            path.unlink(missing_ok=True)
+            return
+        t = pa.table(
+            {
+                "key": [p.key for p in self._spool],
+                "value": [p.value for p in self._spool],
+                "content_type": [dict(p.headers).get("content-type", b"") for p in self._spool],
+                "tag": [p.tag for p in self._spool],
+            }
+        )
+        tmp = path.with_suffix(".tmp")
+        with pa.OSFile(str(tmp), "wb") as f, pa.ipc.new_file(f, t.schema) as w:
+            w.write_table(t)
+        os.replace(tmp, path)
+
+    def _load_spool(self) -> None:
+        path = self._spool_path()
+        if not path.exists():
+            return
+        t = pa.ipc.open_file(str(path)).read_all().to_pylist()
+        for row in t:
+            hdr = (("content-type", row["content_type"]),) if row["content_type"] else ()
+            self._spool.append(_Pending(row["key"], row["value"], hdr, row["tag"]))
+        path.unlink()
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    def poll(self, timeout: float = 0.0) -> None:
+        """Serve delivery callbacks and retry spooled batches."""
+        self._producer.poll(timeout)
+        self._drain_spool()
+
+    def flush(self, timeout: float = 30.0) -> int:
+        """Wait for outstanding deliveries; returns how many remain unacknowledged."""
+        deadline = time.monotonic() + timeout
+        while True:
+            self._drain_spool()
+            left = self._producer.flush(max(0.0, min(1.0, deadline - time.monotonic())))
+            if (left == 0 and not self._spool) or time.monotonic() >= deadline:
+                return left + len(self._spool)
+
+    def close(self, timeout: float = 30.0) -> int:
+        """Flush, persist what is still unsent to the spool directory if any; returns it."""
+        left = self.flush(timeout)
+        self._save_spool()
+        return left
