@@ -1,0 +1,190 @@
+"""refinery: streaming telemetry refinery for GPU/CPU clusters (Kafka in, Parquet out).
+
+Conventions (kcat / duckdb / kubectl style): ``--help`` on every command; results on stdout,
+progress and errors on stderr; ``--json`` for machine-readable output; exit codes 0 success,
+1 runtime failure, 2 usage or configuration error (one line on stderr, never a traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from schemas.errors import BrokerError, ConfigError, RefineryError
+from services.settings import RefinerySettings, load_settings
+
+# Modules that contribute sub-commands through ``add_parser(subparsers)``.
+COMMAND_MODULES: tuple[str, ...] = ()
+
+Handler = Callable[[argparse.Namespace, RefinerySettings], int]
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line and exit code 2."""
+
+    def error(self, message: str) -> Any:
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _print_json(obj: object) -> None:
+    json.dump(obj, sys.stdout, indent=2, default=str)
+    sys.stdout.write("\n")
+
+
+# --- broker ------------------------------------------------------------------------------
+
+
+def _local_kafka(args: argparse.Namespace, settings: RefinerySettings) -> Any:
+    from services.broker import LocalKafka
+
+    data_dir = Path(args.data_dir) if args.data_dir else settings.home / "broker"
+    return LocalKafka(data_dir, version=settings.kafka_version)
+
+
+def cmd_broker_start(args: argparse.Namespace, settings: RefinerySettings) -> int:
+    import time
+
+    k = _local_kafka(args, settings)
+    t0 = time.monotonic()
+    state = k.start(nodes=args.nodes, base_port=args.port, progress=not args.json)
+    took = time.monotonic() - t0
+    if args.json:
+        _print_json({**k.status(), "start_seconds": round(took, 2)})
+    else:
+        print(
+            f"broker ready in {took:.1f}s: {len(state.nodes)} node(s), data in {k.data_dir}",
+            file=sys.stderr,
+        )
+        print(state.bootstrap)
+        print(f"  export REFINERY_BOOTSTRAP_SERVERS={state.bootstrap}", file=sys.stderr)
+    return 0
+
+
+def cmd_broker_stop(args: argparse.Namespace, settings: RefinerySettings) -> int:
+    n = _local_kafka(args, settings).stop()
+    print(f"stopped {n} broker process(es)" if n else "no broker running", file=sys.stderr)
+    return 0
+
+
+def cmd_broker_status(args: argparse.Namespace, settings: RefinerySettings) -> int:
+    st = _local_kafka(args, settings).status()
+    if args.json:
+        _print_json(st)
+    elif not st["running"]:
+        print(f"not running (data dir {st['data_dir']})")
+    else:
+        print(
+            f"{'ready' if st['ready'] else 'starting'}: {st['bootstrap_servers']} "
+            f"({st['nodes_alive']}/{st['nodes']} nodes alive)"
+        )
+    return 0 if st["running"] else 3
+
+
+# --- topics ------------------------------------------------------------------------------
+
+
+def cmd_topics_apply(args: argparse.Namespace, settings: RefinerySettings) -> int:
+    from services.topics import DEFAULT_SPEC, apply_topics, load_topic_specs
+
+    specs = load_topic_specs(Path(args.spec) if args.spec else DEFAULT_SPEC, prefix=args.prefix)
+    changes = apply_topics(settings.kafka().librdkafka(), specs)
+    if args.json:
+        _print_json([c.__dict__ for c in changes])
+    else:
+        for c in changes:
+            print(c)
+        if not changes:
+            print(f"no changes: {len(specs)} topics match the spec", file=sys.stderr)
+    return 1 if any(c.action == "refused" for c in changes) else 0
+
+
+def cmd_topics_list(args: argparse.Namespace, settings: RefinerySettings) -> int:
+    from services.topics import DEFAULT_SPEC, load_topic_specs
+
+    specs = load_topic_specs(Path(args.spec) if args.spec else DEFAULT_SPEC)
+    if args.json:
+        _print_json([s.model_dump() for s in specs])
+    else:
+        for s in specs:
+            print(f"{s.name:<24} {s.partitions:>3}p  key={s.key:<12} {s.what}")
+    return 0
+
+
+# --- parser ------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="refinery", description=__doc__.splitlines()[0] if __doc__ else None)
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+
+    b = sub.add_parser("broker", help="run a local Apache Kafka (KRaft) on 127.0.0.1")
+    bsub = b.add_subparsers(dest="action", metavar="ACTION", parser_class=_Parser)
+    bsub.required = True
+    for name, fn, hlp in (
+        ("start", cmd_broker_start, "resolve jars, format storage, start, wait until ready"),
+        ("stop", cmd_broker_stop, "graceful stop (SIGTERM, wait); idempotent"),
+        ("status", cmd_broker_status, "pid, ports, nodes, readiness (exit 3 when down)"),
+    ):
+        sp = bsub.add_parser(name, help=hlp)
+        sp.add_argument("--data-dir", help="broker state (default $REFINERY_HOME/broker)")
+        sp.add_argument("--json", action="store_true", help="machine-readable output")
+        if name == "start":
+            sp.add_argument("--nodes", type=int, choices=(1, 3), default=1)
+            sp.add_argument(
+                "--port",
+                type=int,
+                default=9092,
+                help="first port; nodes use consecutive pairs (0: free ports)",
+            )
+        sp.set_defaults(handler=fn)
+
+    t = sub.add_parser("topics", help="topic specs as data (deploy/topics.yaml)")
+    tsub = t.add_subparsers(dest="action", metavar="ACTION", parser_class=_Parser)
+    tsub.required = True
+    ta = tsub.add_parser("apply", help="make the cluster match the spec; prints changes")
+    ta.add_argument("--spec", help="topic spec file (default deploy/topics.yaml)")
+    ta.add_argument("--prefix", default="", help="prefix every topic name")
+    ta.add_argument("--json", action="store_true")
+    ta.set_defaults(handler=cmd_topics_apply)
+    tl = tsub.add_parser("list", help="the topics of the spec")
+    tl.add_argument("--spec")
+    tl.add_argument("--json", action="store_true")
+    tl.set_defaults(handler=cmd_topics_list)
+
+    for mod in COMMAND_MODULES:
+        importlib.import_module(mod).add_parser(sub)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        settings = load_settings()
+        handler: Handler = args.handler
+        return handler(args, settings)
+    except (ConfigError, ValueError) as e:
+        print(f"refinery: error: {e}", file=sys.stderr)
+        return 2
+    except BrokerError as e:
+        print(f"refinery: {e}", file=sys.stderr)
+        return 1
+    except RefineryError as e:
+        print(f"refinery: {e}", file=sys.stderr)
+        return 1
+    except BrokenPipeError:  # `refinery ... | head` closed our stdout: not an error
+        sys.stderr.close()
+        return 0
+    except KeyboardInterrupt:
+        print("refinery: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,140 @@
+"""Topics as data: ``deploy/topics.yaml`` applied idempotently to a cluster.
+
+:func:`load_topic_specs` reads and checks the spec; :func:`apply_topics` creates missing
+topics, raises partition counts and alters configs that differ, and returns the list of
+:class:`Change` it made (empty on a second run). It never deletes a topic or lowers a
+partition count: it reports such a difference as a ``refused`` change instead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from schemas.errors import ConfigError
+
+DEFAULT_SPEC = Path(__file__).resolve().parent.parent / "deploy" / "topics.yaml"
+
+
+class TopicSpec(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str
+    partitions: int = Field(ge=1, le=10_000)
+    replication_factor: int | None = None  # None = auto: min(3, brokers)
+    key: str = ""
+    what: str = ""
+    config: dict[str, str] = Field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Change:
+    topic: str
+    action: str  # create | partitions | config | refused
+    detail: str
+
+    def __str__(self) -> str:
+        return f"{self.action:<10} {self.topic}: {self.detail}"
+
+
+def load_topic_specs(path: Path = DEFAULT_SPEC, prefix: str = "") -> list[TopicSpec]:
+    """Read a topic spec file; ``prefix`` is prepended to every name (tests, tenants)."""
+    try:
+        doc: Any = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as e:
+        raise ConfigError(f"{path}: {e}".splitlines()[0]) from e
+    if not isinstance(doc, dict) or not isinstance(doc.get("topics"), dict):
+        raise ConfigError(f"{path}: expected a 'topics' mapping")
+    default_rf = (doc.get("defaults") or {}).get("replication_factor", "auto")
+    specs = []
+    for name, body in doc["topics"].items():
+        body = dict(body or {})
+        rf = body.pop("replication_factor", default_rf)
+        body["config"] = {k: str(v) for k, v in (body.get("config") or {}).items()}
+        try:
+            specs.append(
+                TopicSpec(
+                    name=prefix + name,
+                    replication_factor=None if rf == "auto" else int(rf),
+                    **body,
+                )
+            )
+        except (ValidationError, ValueError) as e:
+            raise ConfigError(f"{path}: topic {name}: {str(e).splitlines()[0]}") from e
+    return specs
+
+
+def apply_topics(
+    conf: dict[str, Any], specs: list[TopicSpec], timeout: float = 30.0
+) -> list[Change]:
+    """Make the cluster at ``conf`` (librdkafka options) match ``specs``."""
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import (  # type: ignore[attr-defined]
+        AdminClient,
+        AlterConfigOpType,
+        ConfigEntry,
+        ConfigResource,
+        NewPartitions,
+        NewTopic,
+    )
+
+    admin = AdminClient({**conf, "log_level": 3})
+    md = admin.list_topics(timeout=timeout)
+    brokers = len(md.brokers)
+    changes: list[Change] = []
+
+    to_create = [s for s in specs if s.name not in md.topics]
+    if to_create:
+        new = [
+            NewTopic(
+                s.name,
+                num_partitions=s.partitions,
+                replication_factor=s.replication_factor or min(3, brokers),
+                config=s.config,
+            )
+            for s in to_create
+        ]
+        for name, fut in admin.create_topics(new, request_timeout=timeout).items():
+            try:
+                fut.result()
+            except KafkaException as e:
+                if "TOPIC_ALREADY_EXISTS" not in str(e):
+                    raise
+            spec = next(s for s in to_create if s.name == name)
+            changes.append(Change(name, "create", f"{spec.partitions} partitions"))
+
+    existing = [s for s in specs if s.name in md.topics]
+    for s in existing:
+        have = len(md.topics[s.name].partitions)
+        if have < s.partitions:
+            admin.create_partitions([NewPartitions(s.name, s.partitions)])[s.name].result()
+            changes.append(Change(s.name, "partitions", f"{have} -> {s.partitions}"))
+        elif have > s.partitions:
+            changes.append(
+                Change(s.name, "refused", f"has {have} partitions > spec {s.partitions}")
+            )
+    if existing:
+        resources = [ConfigResource("topic", s.name) for s in existing]
+        described = admin.describe_configs(resources, request_timeout=timeout)
+        for res, fut in described.items():
+            current = fut.result()
+            spec = next(s for s in existing if s.name == res.name)
+            diff = {
+                k: v for k, v in spec.config.items() if k not in current or current[k].value != v
+            }
+            if diff:
+                entries = [
+                    ConfigEntry(k, v, incremental_operation=AlterConfigOpType.SET)
+                    for k, v in diff.items()
+                ]
+                admin.incremental_alter_configs(
+                    [ConfigResource("topic", spec.name, incremental_configs=entries)]
+                )[ConfigResource("topic", spec.name)].result()
+                for k, v in diff.items():
+                    old = current[k].value if k in current else None
+                    changes.append(Change(spec.name, "config", f"{k}: {old} -> {v}"))
+    return changes
