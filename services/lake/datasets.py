@@ -1,0 +1,272 @@
+"""The lake's datasets: name, source topic, Arrow schema and how a Kafka record becomes rows.
+
+Every dataset has an int64 ``ts`` column (ns since the epoch, common clock where known) that
+picks its ``date=YYYY-MM-DD/hour=HH`` directory. JSON topics are flattened to columns; nested
+values (``evidence``, ``attrs``, ``lineage``) are kept as JSON text. Rows that came from a JSON or
+event topic carry ``kafka_partition``/``kafka_offset`` so versioned tables (topology, jobs) can
+take the latest record per key in landing order.
+
+==============  =======================  =========  ==============================================
+dataset         topic                    encoding   ``ts`` is
+==============  =======================  =========  ==============================================
+samples         telemetry.refined        Arrow IPC  aligned sample time (REFINED_SCHEMA ``ts``)
+events          telemetry.events         wire       event ``ts_ns`` (source clock)
+collectives     telemetry.collectives    wire       rank arrival ``ts_ns`` (source clock)
+alerts          telemetry.alerts         JSON       ``emitted_ns``
+episodes        telemetry.episodes       JSON       ``emitted_ns``
+deadletter      telemetry.deadletter     JSON       ``ts_ns`` (when rejected)
+rollups         telemetry.rollups        Arrow IPC  ``window_start``
+topology        topology                 JSON       ``valid_from``
+jobs            jobs                     JSON       ``start_ns``
+accounting      telemetry.accounting     Arrow/JSON when the batch was refined
+==============  =======================  =========  ==============================================
+
+:data:`ACCOUNTING_SCHEMA` is the contract for the refining worker's per-batch accounting: one
+row per raw Kafka record it consumed, published as Arrow IPC (or columnar JSON
+``{"columns": {...}}``, or one JSON object per record) on ``telemetry.accounting``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+import pyarrow as pa
+
+from schemas.records import REFINED_SCHEMA, ROLLUP_SCHEMA
+from schemas.wire import COLLECTIVES_SCHEMA, EVENTS_SCHEMA
+
+
+class Encoding(StrEnum):
+    ARROW = "arrow"  # Arrow IPC stream whose table has the dataset's columns
+    WIRE = "wire"  # schemas.codec wire batch (envelope + payload)
+    JSON = "json"  # one pydantic record per Kafka message
+
+
+_ENVELOPE_COLUMNS = [
+    pa.field("node", pa.string(), nullable=False),
+    pa.field("exporter", pa.string(), nullable=False),
+    pa.field("instance", pa.string(), nullable=False),
+    pa.field("boot_id", pa.string(), nullable=False),
+    pa.field("seq", pa.int64(), nullable=False),
+    pa.field("sent_ns", pa.int64(), nullable=False),
+]
+_POSITION = [
+    pa.field("kafka_partition", pa.int32(), nullable=False),
+    pa.field("kafka_offset", pa.int64(), nullable=False),
+]
+_TS = pa.field("ts", pa.int64(), nullable=False)
+
+EVENTS_LAKE_SCHEMA = pa.schema([_TS, *EVENTS_SCHEMA, *_ENVELOPE_COLUMNS, *_POSITION])
+COLLECTIVES_LAKE_SCHEMA = pa.schema([_TS, *COLLECTIVES_SCHEMA, *_ENVELOPE_COLUMNS, *_POSITION])
+ROLLUPS_LAKE_SCHEMA = pa.schema([_TS, *ROLLUP_SCHEMA])
+
+ALERTS_SCHEMA = pa.schema(
+    [
+        _TS,
+        pa.field("id", pa.string(), nullable=False),
+        pa.field("rule", pa.string(), nullable=False),
+        pa.field("state", pa.string(), nullable=False),
+        pa.field("severity", pa.string(), nullable=False),
+        pa.field("entity", pa.string(), nullable=False),
+        pa.field("node", pa.string()),
+        pa.field("device", pa.string()),
+        pa.field("job", pa.string()),
+        pa.field("starts_ns", pa.int64(), nullable=False),
+        pa.field("ends_ns", pa.int64()),
+        pa.field("summary", pa.string(), nullable=False),
+        pa.field("cause", pa.string()),
+        pa.field("evidence", pa.string()),  # JSON
+        pa.field("lineage", pa.string()),  # JSON
+        pa.field("emitted_ns", pa.int64(), nullable=False),
+        *_POSITION,
+    ]
+)
+
+EPISODES_SCHEMA = pa.schema(
+    [
+        _TS,
+        pa.field("id", pa.string(), nullable=False),
+        pa.field("kind", pa.string(), nullable=False),
+        pa.field("state", pa.string(), nullable=False),
+        pa.field("entity", pa.string(), nullable=False),
+        pa.field("start_ns", pa.int64(), nullable=False),
+        pa.field("end_ns", pa.int64()),
+        pa.field("peak", pa.string()),  # JSON object metric -> value
+        pa.field("ports", pa.list_(pa.string())),
+        pa.field("nics", pa.list_(pa.string())),
+        pa.field("nodes", pa.list_(pa.string())),
+        pa.field("jobs", pa.list_(pa.string())),
+        pa.field("cause_hint", pa.string()),
+        pa.field("emitted_ns", pa.int64(), nullable=False),
+        *_POSITION,
+    ]
+)
+
+DEADLETTER_SCHEMA = pa.schema(
+    [
+        _TS,
+        pa.field("reason", pa.string(), nullable=False),
+        pa.field("detail", pa.string(), nullable=False),
+        pa.field("topic", pa.string(), nullable=False),
+        pa.field("partition", pa.int32(), nullable=False),
+        pa.field("offset", pa.int64(), nullable=False),
+        pa.field("node", pa.string()),
+        pa.field("content_type", pa.string()),
+        pa.field("scope", pa.string(), nullable=False),
+        pa.field("samples", pa.int64(), nullable=False),
+        pa.field("rows", pa.list_(pa.int64())),
+        pa.field("original_b64", pa.string()),
+        pa.field("ts_ns", pa.int64(), nullable=False),
+        *_POSITION,
+    ]
+)
+
+TOPOLOGY_SCHEMA = pa.schema(
+    [
+        _TS,
+        pa.field("id", pa.string(), nullable=False),
+        pa.field("kind", pa.string(), nullable=False),
+        pa.field("valid_from", pa.int64(), nullable=False),
+        pa.field("valid_to", pa.int64()),
+        *(
+            pa.field(n, pa.string())
+            for n in ("node", "device", "rack", "pod", "switch", "switch_port", "peer", "role")
+        ),
+        pa.field("rail", pa.int32()),
+        pa.field("numa", pa.int32()),
+        pa.field("nvlink_domain", pa.string()),
+        pa.field("gpu", pa.string()),
+        pa.field("nic", pa.string()),
+        pa.field("guid", pa.string()),
+        pa.field("attrs", pa.string()),  # JSON
+        pa.field("source", pa.string(), nullable=False),
+        *_POSITION,
+    ]
+)
+
+RANK_TYPE = pa.struct(
+    [
+        pa.field("rank", pa.int32(), nullable=False),
+        pa.field("node", pa.string(), nullable=False),
+        pa.field("gpu", pa.string(), nullable=False),
+    ]
+)
+
+JOBS_SCHEMA = pa.schema(
+    [
+        _TS,
+        pa.field("job", pa.string(), nullable=False),
+        pa.field("start_ns", pa.int64(), nullable=False),
+        pa.field("end_ns", pa.int64()),
+        pa.field("user", pa.string()),
+        pa.field("name", pa.string()),
+        pa.field("nodes", pa.list_(pa.string())),
+        pa.field("ranks", pa.list_(RANK_TYPE)),
+        *_POSITION,
+    ]
+)
+
+ACCOUNTING_SCHEMA = pa.schema(
+    [
+        pa.field("ts", pa.int64(), nullable=False),  # when the batch was refined (common clock)
+        pa.field("raw_topic", pa.string()),  # NULL means telemetry.raw
+        pa.field("raw_partition", pa.int32(), nullable=False),
+        pa.field("raw_offset", pa.int64(), nullable=False),
+        pa.field("input_samples", pa.int64(), nullable=False),
+        pa.field("refined_samples", pa.int64(), nullable=False),
+        pa.field("duplicate_samples", pa.int64(), nullable=False),
+        pa.field("quarantined_samples", pa.int64(), nullable=False),
+        pa.field("outcome", pa.string(), nullable=False),  # refined | duplicate | deadletter
+    ]
+)
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """One lake dataset: where it comes from and the columns it lands with."""
+
+    name: str
+    topic: str
+    encoding: Encoding
+    schema: pa.Schema
+    sort_by: tuple[str, ...]
+
+
+DATASETS: dict[str, Dataset] = {
+    d.name: d
+    for d in (
+        # (node, metric, device, ts): the (node, metric, ts) order with device as the tie
+        # breaker inside a metric, so each series is one run (delta and RLE encodings work).
+        Dataset(
+            "samples",
+            "telemetry.refined",
+            Encoding.ARROW,
+            REFINED_SCHEMA,
+            ("node", "metric", "device", "ts"),
+        ),
+        Dataset(
+            "events",
+            "telemetry.events",
+            Encoding.WIRE,
+            EVENTS_LAKE_SCHEMA,
+            ("node", "event", "device", "ts"),
+        ),
+        Dataset(
+            "collectives",
+            "telemetry.collectives",
+            Encoding.WIRE,
+            COLLECTIVES_LAKE_SCHEMA,
+            ("job", "comm", "op_seq", "rank"),
+        ),
+        Dataset("alerts", "telemetry.alerts", Encoding.JSON, ALERTS_SCHEMA, ("entity", "ts")),
+        Dataset("episodes", "telemetry.episodes", Encoding.JSON, EPISODES_SCHEMA, ("entity", "ts")),
+        Dataset(
+            "deadletter", "telemetry.deadletter", Encoding.JSON, DEADLETTER_SCHEMA, ("reason", "ts")
+        ),
+        Dataset(
+            "rollups",
+            "telemetry.rollups",
+            Encoding.ARROW,
+            ROLLUPS_LAKE_SCHEMA,
+            ("node", "metric", "device", "window_s", "ts"),
+        ),
+        Dataset("topology", "topology", Encoding.JSON, TOPOLOGY_SCHEMA, ("id", "valid_from")),
+        Dataset("jobs", "jobs", Encoding.JSON, JOBS_SCHEMA, ("job", "ts")),
+        Dataset(
+            "accounting",
+            "telemetry.accounting",
+            Encoding.ARROW,
+            ACCOUNTING_SCHEMA,
+            ("raw_partition", "raw_offset"),
+        ),
+    )
+}
+
+TOPIC_DATASETS: dict[str, str] = {d.topic: d.name for d in DATASETS.values()}
+
+
+def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """Select and cast ``table`` to ``schema``; absent nullable columns become NULL.
+
+    Raises ValueError when a non-nullable column is absent or has NULLs, or a cast fails.
+    """
+    n = table.num_rows
+    cols = []
+    for field in schema:
+        if field.name in table.column_names:
+            col = table.column(field.name)
+            if pa.types.is_dictionary(col.type):
+                col = col.cast(col.type.value_type)
+            try:
+                col = col.cast(field.type)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+                raise ValueError(f"column {field.name}: {col.type} is not {field.type}") from e
+            if not field.nullable and col.null_count:
+                raise ValueError(f"column {field.name} has NULLs")
+        elif field.nullable:
+            col = pa.chunked_array([pa.nulls(n, field.type)])
+        else:
+            raise ValueError(f"column {field.name} is missing")
+        cols.append(col)
+    return pa.Table.from_arrays(cols, schema=schema)

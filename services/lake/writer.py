@@ -1,0 +1,280 @@
+"""Landing core: Arrow tables in, durable Parquet files out, independent of Kafka.
+
+:meth:`LakeWriter.land` writes the rows of one flush (source partition, offsets first..last)
+into one file per UTC hour of ``ts``. Every file is written under a ``.partial`` temp name,
+fsynced, renamed and its directory fsynced. A flush that spans several hours is made atomic by
+a manifest in ``<root>/.landing`` written (and fsynced) before the first rename: recovery rolls
+such a flush forward, so the landed high-water mark never claims offsets whose rows are not all
+visible. Only after :meth:`land` returns may the caller commit Kafka offsets.
+
+:meth:`landed_high_water` reads the last landed offset per partition from file names; that is
+where a consumer resumes. Example::
+
+    >>> import tempfile, pyarrow as pa
+    >>> from services.lake.datasets import ACCOUNTING_SCHEMA, conform
+    >>> w = LakeWriter(tempfile.mkdtemp())
+    >>> t = conform(pa.table({"ts": [0], "raw_partition": [0], "raw_offset": [7],
+    ...     "input_samples": [3], "refined_samples": [3], "duplicate_samples": [0],
+    ...     "quarantined_samples": [0], "outcome": ["refined"]}), ACCOUNTING_SCHEMA)
+    >>> [p.name for p in w.land("accounting", t, partition=2, first=10, last=12)]
+    ['p2-10-12.parquet']
+    >>> w.landed_high_water("accounting")
+    {2: 12}
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from services.lake.datasets import DATASETS, conform
+from services.lake.layout import (
+    HOUR_NS,
+    MAX_TS_NS,
+    PARTIAL_SUFFIX,
+    SEED_NAME,
+    LakeError,
+    LakePaths,
+    file_name,
+    fsync_dir,
+    fsync_file,
+    hour_of,
+    live_files,
+)
+
+
+
+class CrashSeam:
+    """A test seam: ``CrashSeam("after_rename@3").reach("after_rename")`` exits the process
+    with status 137 (no cleanup, like kill -9) the third time that point is reached.
+    ``CrashSeam(None)`` never fires."""
+
+    def __init__(self, spec: str | None) -> None:
+        self.point: str | None = None
+        self.countdown = 0
+        if spec:
+            point, _, count = spec.partition("@")
+            self.point, self.countdown = point, int(count) if count else 1
+
+    def reach(self, point: str) -> None:
+        if point == self.point:
+            self.countdown -= 1
+            if self.countdown <= 0:
+                os._exit(137)
+
+
+def write_options(schema: pa.Schema, row_group_rows: int) -> dict[str, object]:
+    """pyarrow.parquet.write_table keyword arguments for a dataset.
+
+    Strings are dictionary-encoded; integer time and offset columns use DELTA_BINARY_PACKED
+    (sorted series make their deltas tiny); floats use BYTE_STREAM_SPLIT so zstd sees the
+    slowly-changing exponent bytes together. Everything is zstd-compressed.
+    """
+    dict_cols: list[str] = []
+    encodings: dict[str, str] = {}
+    for f in schema:
+        if pa.types.is_string(f.type) or pa.types.is_boolean(f.type):
+            dict_cols.append(f.name)
+        elif pa.types.is_int64(f.type) or pa.types.is_uint64(f.type):
+            encodings[f.name] = "DELTA_BINARY_PACKED"
+        elif pa.types.is_floating(f.type):
+            encodings[f.name] = "BYTE_STREAM_SPLIT"
+        else:
+            dict_cols.append(f.name)  # int32 etc.: small cardinality (rail, rank, numa)
+    return {
+        "compression": "zstd",
+        "compression_level": 3,
+        "use_dictionary": dict_cols,
+        "column_encoding": encodings,
+        "row_group_size": row_group_rows,
+        "write_statistics": True,
+        "store_schema": True,
+    }
+
+
+def sort_table(table: pa.Table, keys: tuple[str, ...]) -> pa.Table:
+    """Rows ordered by ``keys`` ascending (stable)."""
+    if table.num_rows <= 1:
+        return table
+    return table.take(pc.sort_indices(table, [(k, "ascending") for k in keys]))
+
+
+def write_parquet_durably(table: pa.Table, path: Path, options: dict[str, object]) -> None:
+    """Write ``table`` to ``path`` and fsync the file (not its directory)."""
+    pq.write_table(table, path, **options)
+    fsync_file(path)
+
+
+class LakeWriter:
+    """Lands tables into one lake root. Not thread-safe; one writer per source partition.
+
+    ``crash_at`` names a seam where the process exits with status 137 (tests only):
+    ``before_rename`` (temp files durable, nothing renamed) or ``mid_rename`` (a multi-hour
+    flush with its first file renamed); a suffix ``@N`` crashes at the N-th time it is reached.
+    """
+
+    def __init__(
+        self,
+        root: Path | str,
+        *,
+        row_group_rows: int = 1 << 20,
+        crash_at: str | None = None,
+    ) -> None:
+        self.paths = LakePaths(root)
+        self.root = self.paths.root
+        self.row_group_rows = row_group_rows
+        self.seam = CrashSeam(crash_at)
+        self._seeded: set[str] = set()
+
+    # --- landing --------------------------------------------------------------------------
+
+    def land(
+        self, dataset: str, table: pa.Table, *, partition: int, first: int, last: int
+    ) -> list[Path]:
+        """Durably land ``table`` as the rows of source offsets ``first..last`` of
+        ``partition``. Returns the files written (none for an empty table). Blocks on fsync.
+
+        Raises LakeError for a bad dataset/partition/range, ValueError when the table does not
+        fit the dataset schema; OSError from the file system propagates (nothing is renamed
+        then, so nothing becomes visible).
+        """
+        ds = DATASETS.get(dataset) if isinstance(dataset, str) else None
+        if ds is None:
+            raise LakeError(f"unknown dataset {dataset!r}")
+        name = file_name(partition, first, last)
+        self.ensure_seed(dataset)
+        if table.num_rows == 0:
+            return []
+        table = conform(table, ds.schema)
+        parts = self._split_by_hour(table)
+        opts = write_options(ds.schema, self.row_group_rows)
+        moves: list[tuple[Path, Path]] = []
+        try:
+            for (date, hour), part in parts:
+                hdir = self.paths.hour_dir(dataset, date, hour)
+                hdir.mkdir(parents=True, exist_ok=True)
+                tmp = hdir / f".land-{name[:-8]}{PARTIAL_SUFFIX}"
+                write_parquet_durably(sort_table(part, ds.sort_by), tmp, opts)
+                moves.append((tmp, hdir / name))
+            manifest = self._write_manifest(dataset, name, moves) if len(moves) > 1 else None
+            self.seam.reach("before_rename")
+            for i, (tmp, final) in enumerate(moves):
+                os.replace(tmp, final)
+                if i == 0:
+                    self.seam.reach("mid_rename")
+            for d in {final.parent for _, final in moves}:
+                fsync_dir(d)
+            if manifest is not None:
+                manifest.unlink()
+                fsync_dir(manifest.parent)
+        except BaseException:
+            for tmp, _ in moves:
+                tmp.unlink(missing_ok=True)
+            raise
+        return [final for _, final in moves]
+
+    def _split_by_hour(self, table: pa.Table) -> list[tuple[tuple[str, str], pa.Table]]:
+        ts = table.column("ts").to_numpy()
+        bucket = np.clip(ts, 0, MAX_TS_NS) // HOUR_NS
+        lo, hi = int(bucket.min()), int(bucket.max())
+        if lo == hi:
+            return [(hour_of(lo * HOUR_NS), table)]
+        out = []
+        for b in np.unique(bucket):
+            part = table.filter(pa.array(bucket == b))
+            out.append((hour_of(int(b) * HOUR_NS), part))
+        return out
+
+    def _write_manifest(self, dataset: str, name: str, moves: list[tuple[Path, Path]]) -> Path:
+        ldir = self.paths.landing_dir(dataset)
+        ldir.mkdir(parents=True, exist_ok=True)
+        doc = [[str(t.relative_to(self.root)), str(f.relative_to(self.root))] for t, f in moves]
+        path = ldir / (name[:-8] + ".json")
+        tmp = ldir / (name[:-8] + ".json.partial")
+        tmp.write_text(json.dumps(doc))
+        fsync_file(tmp)
+        os.replace(tmp, path)
+        fsync_dir(ldir)
+        return path
+
+    def ensure_seed(self, dataset: str) -> None:
+        """Keep a zero-row ``seed.parquet`` with the dataset's current schema, so views over a
+        dataset with no data yet still bind and every column exists (union_by_name)."""
+        if dataset in self._seeded:
+            return
+        schema = DATASETS[dataset].schema
+        hdir = self.paths.hour_dir(dataset, "1970-01-01", "00")
+        seed = hdir / SEED_NAME
+        if seed.exists() and pq.read_schema(seed).remove_metadata().equals(schema):
+            self._seeded.add(dataset)
+            return
+        hdir.mkdir(parents=True, exist_ok=True)
+        tmp = hdir / f".seed{PARTIAL_SUFFIX}"
+        write_parquet_durably(schema.empty_table(), tmp, write_options(schema, 1024))
+        os.replace(tmp, seed)
+        fsync_dir(hdir)
+        self._seeded.add(dataset)
+
+    def ensure_seeds(self) -> None:
+        """ensure_seed for every dataset."""
+        for dataset in DATASETS:
+            self.ensure_seed(dataset)
+
+    # --- reading back ----------------------------------------------------------------------
+
+    def landed_high_water(self, dataset: str) -> dict[int, int]:
+        """``{partition: last landed offset}`` from the file names in the lake. Call
+        :meth:`recover` first: a flush still in flight does not count."""
+        hw: dict[int, int] = {}
+        for f in self.paths.data_files(dataset):
+            if f.last > hw.get(f.partition, -1):
+                hw[f.partition] = f.last
+        return hw
+
+    def live_paths(self, dataset: str, partition: int | None = None) -> list[Path]:
+        """Data files a reader should read (covered compaction inputs left out)."""
+        return [
+            f.path
+            for f in live_files(self.paths.data_files(dataset))
+            if partition is None or f.partition == partition
+        ]
+
+    def recover(self, dataset: str, partitions: set[int] | None = None) -> int:
+        """Finish or undo landings a crash interrupted; returns files renamed or removed.
+
+        Flushes with a manifest are rolled forward (every temp renamed). Other ``.land-``
+        temps of ``partitions`` (all when None) are removed: their offsets were never
+        committed, so they will be consumed again. Call only while no other writer is landing
+        those partitions.
+        """
+        n = 0
+        ldir = self.paths.landing_dir(dataset)
+        if ldir.is_dir():
+            for m in sorted(ldir.iterdir()):
+                if m.name.endswith(".partial"):
+                    m.unlink()
+                    continue
+                for tmp_rel, final_rel in json.loads(m.read_text()):
+                    tmp = self.paths.inside(self.root / tmp_rel)
+                    final = self.paths.inside(self.root / final_rel)
+                    if tmp.exists():
+                        os.replace(tmp, final)
+                        fsync_dir(final.parent)
+                        n += 1
+                m.unlink()
+            fsync_dir(ldir)
+        for _, _, hdir in self.paths.hour_dirs(dataset):
+            for entry in os.listdir(hdir):
+                if not (entry.startswith(".land-p") and entry.endswith(PARTIAL_SUFFIX)):
+                    continue
+                part = entry[len(".land-p") :].split("-", 1)[0]
+                if partitions is None or (part.isdigit() and int(part) in partitions):
+                    (hdir / entry).unlink(missing_ok=True)
+                    n += 1
+        return n
