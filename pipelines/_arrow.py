@@ -1,0 +1,66 @@
+"""Small vectorized helpers over Arrow arrays shared by the pure refining transforms.
+
+Everything here is one or a few ``pyarrow.compute`` calls: no per-row Python.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+Array = Any  # pyarrow ships no type stubs; arrays are passed around as Any
+
+
+def column(table: pa.Table, name: str) -> Array:
+    """A table column as one contiguous array (no chunk boundaries)."""
+    col = table.column(name)
+    if col.num_chunks == 1:
+        return col.chunk(0)
+    if col.num_chunks == 0:
+        return pa.array([], col.type)
+    return pa.concat_arrays(col.chunks)
+
+
+def prev(arr: Array) -> Array:
+    """``arr`` shifted down by one: ``prev(a)[i] == a[i - 1]``, NULL at 0."""
+    n = len(arr)
+    if n == 0:
+        return arr
+    return pa.concat_arrays([pa.nulls(1, arr.type), arr.slice(0, n - 1)])
+
+
+def nxt(arr: Array) -> Array:
+    """``arr`` shifted up by one: ``nxt(a)[i] == a[i + 1]``, NULL at the end."""
+    n = len(arr)
+    if n == 0:
+        return arr
+    return pa.concat_arrays([arr.slice(1), pa.nulls(1, arr.type)])
+
+
+def true_mask(mask: Array) -> Array:
+    """A boolean mask with NULL read as False."""
+    return pc.fill_null(mask, False)
+
+
+def where(mask: Array) -> Array:
+    """Indices (int64) where ``mask`` is true; NULL counts as false."""
+    return pc.indices_nonzero(true_mask(mask)).cast(pa.int64())
+
+
+def any_true(mask: Array) -> bool:
+    return bool(pc.any(true_mask(mask)).as_py()) if len(mask) else False
+
+
+def merge_keyed(state: pa.Table, update: pa.Table, key: str) -> pa.Table:
+    """Rows of ``state`` whose ``key`` is not in ``update``, followed by ``update``.
+
+    This is the upsert used for per-series state tables: O(series) in C per batch.
+    """
+    if state.num_rows == 0:
+        return update
+    if update.num_rows == 0:
+        return state
+    keep = pc.invert(pc.is_in(column(state, key), value_set=column(update, key)))
+    return pa.concat_tables([state.filter(keep), update.select(state.column_names)])

@@ -1,0 +1,323 @@
+"""Validate and clean the samples of one decoded batch against the metric catalog.
+
+:func:`validate_samples` splits a batch's rows into accepted rows and rejected row groups,
+one :class:`~schemas.reasons.Reason` per group. Every row ends in exactly one of the two.
+A row failing several checks gets the first reason in this order:
+
+1. ``unknown_metric``  metric is neither a catalog name nor an alias
+2. ``bad_device``      device is empty or longer than ``max_device_len`` characters
+3. ``timestamp_out_of_window``  ``ts_ns`` outside ``[now - past, now + future]`` (defaults
+   7 days / 1 day: wide, because a source clock may be off by an hour or more and late data
+   is landed, not dropped)
+4. ``wrong_kind``      a counter without ``raw`` (and no sentinel), a negative counter, or any
+   other kind without a numeric reading (and no sentinel)
+5. ``non_finite``      NaN or infinite value
+6. ``out_of_range``    scaled value outside the catalog's ``[valid_min, valid_max]``, or a
+   counter's raw reading above ``2**width - 1``
+
+Sentinels (catalog ``sentinels`` compared with the reading as received, or ``sentinel_texts``
+compared with ``text``) are not rejected: their value becomes NULL with ``null_reason``
+``sentinel``. Metric aliases become catalog names; values are scaled into the catalog unit.
+
+Pure and vectorized: per batch the Python work is proportional to the number of *distinct*
+metrics in it, never to the number of rows.
+
+Example::
+
+    >>> from schemas.catalog import Catalog, Metric, Origin
+    >>> cat = Catalog([Metric(name="gpu.temp", unit="C", kind="gauge", description="GPU temp",
+    ...                       origin=Origin(nvml="temp"), valid_min=-40, valid_max=150)])
+    >>> t = pa.table({"ts_ns": [10, 10], "metric": ["gpu.temp", "nope"],
+    ...               "device": ["gpu0", "gpu0"], "value": [55.0, 1.0]})
+    >>> v = validate_samples(t, cat, now_ns=10)
+    >>> (v.accepted.num_rows, [(r.reason.value, r.count) for r in v.rejected])
+    (1, [('unknown_metric', 1)])
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pipelines._arrow import Array, column, true_mask, where
+from schemas.catalog import Catalog, Kind, Metric, Overflow
+from schemas.reasons import NullReason, Reason
+
+DAY_NS = 86_400 * 1_000_000_000
+
+KIND_CODES: dict[Kind, int] = {
+    Kind.GAUGE: 0,
+    Kind.COUNTER: 1,
+    Kind.BITMASK: 2,
+    Kind.ENUM: 3,
+    Kind.EVENT: 4,
+}
+COUNTER = KIND_CODES[Kind.COUNTER]
+BITMASK = KIND_CODES[Kind.BITMASK]
+ENUM = KIND_CODES[Kind.ENUM]
+
+# Reasons in priority order; the index is the code used internally.
+REASON_ORDER: tuple[Reason, ...] = (
+    Reason.UNKNOWN_METRIC,
+    Reason.BAD_DEVICE,
+    Reason.TIMESTAMP_OUT_OF_WINDOW,
+    Reason.WRONG_KIND,
+    Reason.NON_FINITE,
+    Reason.OUT_OF_RANGE,
+)
+
+ACCEPTED_SCHEMA = pa.schema(
+    [
+        pa.field("row", pa.int64()),  # index of the row in the input batch
+        pa.field("ts_ns", pa.int64()),
+        pa.field("metric", pa.string()),  # canonical catalog name
+        pa.field("device", pa.string()),
+        pa.field("value", pa.float64()),  # in the catalog unit; NULL for sentinels
+        pa.field("raw", pa.uint64()),
+        pa.field("text", pa.string()),
+        pa.field("null_reason", pa.string()),
+        pa.field("unit", pa.string()),
+        pa.field("kind", pa.int8()),
+        pa.field("scale", pa.float64()),
+        pa.field("max_raw", pa.uint64()),  # counters: 2**width - 1
+        pa.field("saturate", pa.bool_()),  # counters: overflow == saturate
+    ]
+)
+
+
+@dataclass(frozen=True)
+class ValidateLimits:
+    """Bounds for sample checks. Times are ns; the window is relative to ``now_ns``."""
+
+    past_ns: int = 7 * DAY_NS
+    future_ns: int = 1 * DAY_NS
+    max_device_len: int = 128
+
+
+@dataclass(frozen=True)
+class RejectedRows:
+    """Rows of the input batch rejected for one reason."""
+
+    reason: Reason
+    detail: str
+    rows: list[int]
+
+    @property
+    def count(self) -> int:
+        return len(self.rows)
+
+
+@dataclass(frozen=True)
+class Validated:
+    """Accepted rows (:data:`ACCEPTED_SCHEMA`) and rejected groups; together they cover every
+    input row exactly once."""
+
+    accepted: pa.Table
+    rejected: list[RejectedRows]
+
+    @property
+    def quarantined(self) -> int:
+        return sum(r.count for r in self.rejected)
+
+
+class _CatalogMemo:
+    """Per-catalog memo of name/alias → metric (a catalog is immutable once loaded)."""
+
+    def __init__(self, catalog: Catalog) -> None:
+        self._catalog = catalog
+        self._by_name: dict[str, Metric | None] = {}
+
+    def get(self, name: str) -> Metric | None:
+        try:
+            return self._by_name[name]
+        except KeyError:
+            m: Metric | None = None
+            if name in self._catalog:
+                m = self._catalog[name]
+            if len(self._by_name) < 100_000:  # hostile input must not grow it without bound
+                self._by_name[name] = m
+            return m
+
+
+_MEMOS: weakref.WeakKeyDictionary[Catalog, _CatalogMemo] = weakref.WeakKeyDictionary()
+
+
+def lookup(catalog: Catalog, name: str) -> Metric | None:
+    """The catalog entry for a name or alias, or None (memoized per catalog)."""
+    memo = _MEMOS.get(catalog)
+    if memo is None:
+        memo = _MEMOS[catalog] = _CatalogMemo(catalog)
+    return memo.get(name)
+
+
+def _per_metric(metrics: list[Metric | None], idx: Array) -> dict[str, Array]:
+    """Catalog attributes per distinct metric, broadcast to rows with one ``take`` each."""
+
+    def bcast(values: list[Any], typ: pa.DataType) -> Array:
+        return pc.take(pa.array(values, typ), idx)
+
+    return {
+        "known": bcast([m is not None for m in metrics], pa.bool_()),
+        "metric": bcast([m.name if m else None for m in metrics], pa.string()),
+        "unit": bcast([m.unit if m else None for m in metrics], pa.string()),
+        "kind": bcast([KIND_CODES[m.kind] if m else None for m in metrics], pa.int8()),
+        "scale": bcast([m.scale if m else None for m in metrics], pa.float64()),
+        "vmin": bcast([m.valid_min if m else None for m in metrics], pa.float64()),
+        "vmax": bcast([m.valid_max if m else None for m in metrics], pa.float64()),
+        "max_raw": bcast([m.max_raw if m else None for m in metrics], pa.uint64()),
+        "saturate": bcast(
+            [bool(m and m.overflow is Overflow.SATURATE) for m in metrics], pa.bool_()
+        ),
+    }
+
+
+def _sentinel_mask(
+    metrics: list[Metric | None], idx: Array, reading: Array, text: Array
+) -> Array | None:
+    """Rows whose reading or text is one of their metric's sentinels (None if no metric in
+    the batch has any)."""
+    mask = None
+    for j, m in enumerate(metrics):
+        if m is None or not (m.sentinels or m.sentinel_texts):
+            continue
+        hits = []
+        if m.sentinels:
+            hits.append(pc.is_in(reading, value_set=pa.array(m.sentinels, pa.float64())))
+        if m.sentinel_texts:
+            hits.append(pc.is_in(text, value_set=pa.array(m.sentinel_texts, pa.string())))
+        hit = hits[0] if len(hits) == 1 else pc.or_(hits[0], hits[1])
+        this = pc.and_(pc.equal(idx, j), hit)
+        mask = this if mask is None else pc.or_(mask, this)
+    return mask
+
+
+def validate_samples(
+    table: pa.Table,
+    catalog: Catalog,
+    now_ns: int,
+    limits: ValidateLimits = ValidateLimits(),
+) -> Validated:
+    """Check every row of a samples table (:data:`schemas.wire.SAMPLES_SCHEMA`).
+
+    Does not block or raise on any content of the table; returns accepted rows and the
+    rejected row groups.
+    """
+    n = table.num_rows
+    if n == 0:
+        return Validated(ACCEPTED_SCHEMA.empty_table(), [])
+    metric_enc = column(table, "metric").dictionary_encode()
+    names = metric_enc.dictionary.to_pylist()
+    idx = metric_enc.indices
+    metrics = [lookup(catalog, s) for s in names]
+    attr = _per_metric(metrics, idx)
+
+    ts = column(table, "ts_ns")
+    device = column(table, "device")
+    value = _optional(table, "value", pa.float64())
+    raw = _optional(table, "raw", pa.uint64())
+    text = _optional(table, "text", pa.string())
+    kind = attr["kind"]
+    is_counter = pc.equal(kind, COUNTER)
+    raw_f = pc.cast(raw, pa.float64(), safe=False)
+    reading = pc.if_else(is_counter, pc.coalesce(raw_f, value), pc.coalesce(value, raw_f))
+
+    sentinel = _sentinel_mask(metrics, idx, reading, text)
+    not_sentinel = pc.invert(true_mask(sentinel)) if sentinel is not None else None
+
+    dev_len = pc.utf8_length(device)
+    checks: list[Array] = [
+        pc.invert(attr["known"]),
+        pc.or_(pc.equal(dev_len, 0), pc.greater(dev_len, limits.max_device_len)),
+        pc.or_(pc.less(ts, now_ns - limits.past_ns), pc.greater(ts, now_ns + limits.future_ns)),
+    ]
+    no_reading = pc.is_null(reading)
+    negative = pc.less(pc.coalesce(value, 0.0), 0.0)
+    wrong = pc.or_(pc.and_(is_counter, pc.or_(pc.is_null(raw), negative)), no_reading)
+    if not_sentinel is not None:
+        wrong = pc.and_(pc.or_(pc.and_(is_counter, negative), wrong), not_sentinel)
+    checks.append(wrong)
+    non_finite = pc.invert(pc.fill_null(pc.is_finite(reading), True))
+    checks.append(non_finite)
+    scaled = pc.multiply(reading, attr["scale"])
+    out_of_range = pc.or_(
+        pc.or_(
+            true_mask(pc.less(scaled, attr["vmin"])), true_mask(pc.greater(scaled, attr["vmax"]))
+        ),
+        true_mask(pc.greater(raw, attr["max_raw"])),
+    )
+    if not_sentinel is not None:
+        out_of_range = pc.and_(out_of_range, not_sentinel)
+    checks.append(out_of_range)
+
+    code = pa.nulls(n, pa.int8())
+    for c in range(len(checks) - 1, -1, -1):  # lowest priority first, so the first one wins
+        code = pc.if_else(true_mask(checks[c]), pa.scalar(c, pa.int8()), code)
+    bad = pc.is_valid(code)
+    rejected: list[RejectedRows] = []
+    nbad = pc.sum(bad).as_py() or 0
+    if nbad:
+        present = pc.unique(pc.drop_null(code)).to_pylist()
+        for c in sorted(present):
+            rows = where(pc.equal(code, c))
+            reason = REASON_ORDER[c]
+            rejected.append(
+                RejectedRows(reason, _detail(reason, table, rows, limits, now_ns), rows.to_pylist())
+            )
+    value_out = (
+        pc.if_else(true_mask(sentinel), pa.scalar(None, pa.float64()), scaled)
+        if sentinel is not None
+        else scaled
+    )
+    null_reason = (
+        pc.if_else(true_mask(sentinel), NullReason.SENTINEL.value, pa.scalar(None, pa.string()))
+        if sentinel is not None
+        else pa.nulls(n, pa.string())
+    )
+    acc = pa.Table.from_arrays(
+        [
+            pa.array(range(n), pa.int64()),
+            ts,
+            attr["metric"],
+            device,
+            value_out,
+            raw,
+            text,
+            null_reason,
+            attr["unit"],
+            kind,
+            attr["scale"],
+            attr["max_raw"],
+            attr["saturate"],
+        ],
+        schema=ACCEPTED_SCHEMA,
+    )
+    if nbad:
+        acc = acc.filter(pc.invert(bad))
+    return Validated(acc, rejected)
+
+
+def _optional(table: pa.Table, name: str, typ: pa.DataType) -> Array:
+    if name in table.column_names:
+        return column(table, name)
+    return pa.nulls(table.num_rows, typ)
+
+
+def _detail(reason: Reason, table: pa.Table, rows: Array, lim: ValidateLimits, now: int) -> str:
+    """A short human-readable detail for a rejected group (bounded length)."""
+    if reason is Reason.UNKNOWN_METRIC:
+        names = pc.unique(pc.take(column(table, "metric"), rows)).to_pylist()[:5]
+        return f"metrics not in the catalog: {', '.join(repr(s)[:64] for s in names)}"[:1024]
+    if reason is Reason.BAD_DEVICE:
+        return f"device empty or longer than {lim.max_device_len} characters"
+    if reason is Reason.TIMESTAMP_OUT_OF_WINDOW:
+        return f"ts_ns outside [{now - lim.past_ns}, {now + lim.future_ns}]"
+    if reason is Reason.WRONG_KIND:
+        names = pc.unique(pc.take(column(table, "metric"), rows)).to_pylist()[:5]
+        return f"no usable reading for the metric kind (negative counter or no raw): {names}"[:1024]
+    if reason is Reason.NON_FINITE:
+        return "value is NaN or infinite"
+    return "value outside the catalog's valid range or counter width"
