@@ -43,7 +43,9 @@ from services.topology.topofile import (
 
 SOURCE = "ibnetdiscover"
 
-_NODE_RE = re.compile(r'^(Switch|Ca|Rt)\s+(\d+)\s+"([SHR])-([0-9A-Fa-fx]+)"\s*(?:#\s*"([^"]*)"(.*))?$')
+_NODE_RE = re.compile(
+    r'^(Switch|Ca|Rt)\s+(\d+)\s+"([SHR])-([0-9A-Fa-fx]+)"\s*(?:#\s*"([^"]*)"(.*))?$'
+)
 _PORT_RE = re.compile(
     r'^\[(\d+)\](?:\(([0-9A-Fa-f]+)\))?\s*"([SHR])-([0-9A-Fa-fx]+)"\[(\d+)\]'
     r"(?:\(([0-9A-Fa-f]+)\))?\s*(?:#\s*(.*))?$"
@@ -324,9 +326,7 @@ def _host_entities(
     return out
 
 
-def _levels(
-    switches: set[str], leaves: set[str], links: Any
-) -> dict[str, int]:
+def _levels(switches: set[str], leaves: set[str], links: Any) -> dict[str, int]:
     adj: dict[str, set[str]] = {s: set() for s in switches}
     for a, _, b, _, _ in links:
         if a in adj and b in adj:

@@ -59,9 +59,9 @@ def _walk(el: ET.Element, numa: int | None, group: str, out: list[PciDevice]) ->
             elif cls in GPU_CLASSES or child.find("gpu") is not None:
                 out.append(PciDevice(bus, "gpu", numa, group, len(out)))
             elif cls in NIC_CLASSES or child.find("nic") is not None:
-                net = child.find(".//net")
-                name = net.get("name") if net is not None else None
-                out.append(PciDevice(bus, "nic", numa, group, len(out), name))
+                found = child.find(".//net")
+                label = found.get("name") if found is not None else None
+                out.append(PciDevice(bus, "nic", numa, group, len(out), label))
             else:
                 _walk(child, numa, group, out)
         else:

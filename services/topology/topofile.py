@@ -55,6 +55,7 @@ from pydantic import ValidationError
 from schemas.errors import ConfigError
 from schemas.records import EntityKind, TopologyEntity
 
+
 @dataclass
 class TopologyImport:
     """What an importer produced: the entities, and one line per thing it could not place
@@ -280,7 +281,11 @@ def _node_entities(n: Mapping[str, Any], where: str, vf: int) -> list[TopologyEn
             "rack": rack,
             "pod": pod,
         }
-        out.append(TopologyEntity(id=nic_id(node, dev), kind=EntityKind.NIC, device=dev, **fields, **common))
+        out.append(
+            TopologyEntity(
+                id=nic_id(node, dev), kind=EntityKind.NIC, device=dev, **fields, **common
+            )
+        )
         if sw is not None:
             port = _opt_int(c.get("port"), w) or 1
             out.append(
