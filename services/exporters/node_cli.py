@@ -1,0 +1,115 @@
+"""``refinery export node``: scrape this node and publish batches to ``telemetry.raw``.
+
+    refinery export node [--interval 1s] [--once] [--stdout] [--procfs DIR] [--sysfs DIR] [--json]
+
+- ``--stdout`` prints each batch in the JSON wire encoding, one per line, and needs no Kafka.
+- Without ``--stdout`` batches go to Kafka through :class:`services.producer.BatchProducer`
+  (Arrow IPC, or JSON with ``--json``), keyed by node.
+- ``--once`` scrapes once and exits; otherwise it scrapes every ``--interval`` until
+  interrupted, on a fixed schedule (a slow scrape does not shift the next ones).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from schemas.catalog import default_catalog
+from schemas.codec import ARROW, JSON, encode
+from schemas.errors import ConfigError
+from services.exporters.node import NodeCollector, node_source
+from services.settings import RefinerySettings
+
+RAW_TOPIC = "telemetry.raw"
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
+_UNIT_S = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_duration(text: str) -> float:
+    """``1s``, ``500ms``, ``2m``, ``1.5`` (seconds) → seconds; ConfigError if malformed or 0."""
+    m = _DURATION.match(text)
+    if m is None or float(m.group(1)) <= 0:
+        raise ConfigError(f"--interval {text!r}: expected a positive duration like 1s or 500ms")
+    return float(m.group(1)) * _UNIT_S[m.group(2) or "s"]
+
+
+def _command_group(sub: Any, name: str, help_text: str) -> Any:
+    parser = sub.choices.get(name) or sub.add_parser(name, help=help_text)
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return action
+    group = parser.add_subparsers(dest="action", metavar="ACTION", parser_class=type(parser))
+    group.required = True
+    return group
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Register ``export node`` (creating the ``export`` group if no other module has)."""
+    group = _command_group(subparsers, "export", "run an exporter on this node")
+    p = group.add_parser("node", help="procfs, sysfs (IB/RoCE, net, PCIe, thermal), NVML, chrony")
+    p.add_argument("--interval", default="1s", help="scrape interval (default 1s)")
+    p.add_argument("--once", action="store_true", help="scrape once and exit")
+    p.add_argument("--stdout", action="store_true", help="print JSON batches instead of publishing")
+    p.add_argument("--procfs", default="/proc", help="procfs root (default /proc)")
+    p.add_argument("--sysfs", default="/sys", help="sysfs root (default /sys)")
+    p.add_argument("--json", action="store_true", help="publish in the JSON encoding, not Arrow")
+    p.add_argument("--node", help="node name (default: the hostname)")
+    p.add_argument("--topic", default=RAW_TOPIC, help=f"Kafka topic (default {RAW_TOPIC})")
+    p.add_argument("--no-gpu", action="store_true", help="do not open NVML")
+    p.add_argument("--no-clock", action="store_true", help="do not run chronyc")
+    p.set_defaults(handler=cmd_export_node)
+
+
+def cmd_export_node(args: argparse.Namespace, settings: RefinerySettings) -> int:
+    """Run the exporter; returns the exit code. May block for as long as it runs."""
+    interval_s = parse_duration(args.interval)
+    procfs, sysfs = Path(args.procfs), Path(args.sysfs)
+    if not procfs.is_dir():
+        raise ConfigError(f"--procfs {procfs}: not a directory")
+    collector = NodeCollector(
+        procfs, sysfs, catalog=default_catalog(), gpus=not args.no_gpu, clock=not args.no_clock
+    )
+    source = node_source(procfs, node=args.node)
+    if collector.gpu_reason and not args.no_gpu:
+        print(f"refinery export node: no GPU metrics: {collector.gpu_reason}", file=sys.stderr)
+    producer: Any = None
+    if not args.stdout:
+        from services.producer import BatchProducer
+
+        producer = BatchProducer(
+            settings.kafka(), topic=args.topic, content_type=JSON if args.json else ARROW
+        )
+    interval_ns = int(interval_s * 1e9)
+    next_at = time.monotonic()
+    try:
+        while True:
+            table = collector.scrape()
+            env = collector.envelope(source, sent_ns=time.time_ns(), interval_ns=interval_ns)
+            if producer is None:
+                _, body = encode(env, table, JSON)
+                sys.stdout.write(body.decode() + "\n")
+                sys.stdout.flush()
+            else:
+                producer.send(env, table, key=source.node)
+            if args.once:
+                break
+            next_at += interval_s
+            delay = next_at - time.monotonic()
+            if delay < 0:  # fell behind: skip missed slots rather than burst
+                next_at = time.monotonic()
+                delay = 0.0
+            if producer is not None:
+                producer.poll(delay)
+            else:
+                time.sleep(delay)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        collector.close()
+        if producer is not None:
+            producer.close()
+    return 0
