@@ -22,6 +22,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
@@ -42,7 +43,9 @@ def default_cache_dir() -> Path:
 # --- jars --------------------------------------------------------------------------------
 
 
-def resolve_jars(version: str, cache_dir: Path, *, quiet: bool = True) -> Path:
+def resolve_jars(
+    version: str, cache_dir: Path, *, quiet: bool = True, progress: bool = False
+) -> Path:
     """Resolve ``kafka_2.13:<version>`` and its runtime dependencies (plus the SLF4J→log4j2
     binding) into ``cache_dir/kafka-<version>/lib``; a second call is a no-op. Blocks for
     the Maven run (seconds to minutes). Raises BrokerError if mvn is missing or fails."""
@@ -56,6 +59,8 @@ def resolve_jars(version: str, cache_dir: Path, *, quiet: bool = True) -> Path:
             "mvn not found: install Apache Maven (apt install maven) or set "
             "REFINERY_BOOTSTRAP_SERVERS to use an existing Kafka cluster"
         )
+    if progress:
+        print(f"resolving kafka_2.13:{version} jars through Maven (once)...", file=sys.stderr)
     work = cache_dir / f"kafka-{version}" / "build"
     work.mkdir(parents=True, exist_ok=True)
     shutil.copy(DEPLOY_KAFKA / "pom.xml", work / "pom.xml")
@@ -257,7 +262,13 @@ class LocalKafka:
                     f"a partial cluster is running from {self.data_dir} "
                     "(some nodes down): run `refinery broker stop` first"
                 )
-            # stale pid file: the processes are gone. Restart on the same storage and ports.
+            stale = [n.pid for n in existing.nodes if n.pid is not None]
+            if stale:
+                raise BrokerError(
+                    f"stale pid file {self.state_path}: broker pid {stale[0]} is not running "
+                    "(crashed or killed); run `refinery broker stop` to clear it, then start"
+                )
+            # cleanly stopped before: start again on the same storage and ports
             if len(existing.nodes) != nodes:
                 raise BrokerError(
                     f"{self.data_dir} holds a {len(existing.nodes)}-node cluster; "
@@ -279,9 +290,7 @@ class LocalKafka:
                         "pass --port with another base port (0 picks free ports)"
                     )
         java = java_binary()
-        if progress:
-            print("resolving Kafka jars through Maven (cached after the first run)...", flush=True)
-        lib = resolve_jars(state.version, self.cache_dir)
+        lib = resolve_jars(state.version, self.cache_dir, progress=progress)
         self.data_dir.mkdir(parents=True, exist_ok=True)
         cp = str(lib / "*")
         for n in state.nodes:
@@ -335,7 +344,7 @@ class LocalKafka:
             n.pid = proc.pid
         state.save(self.state_path)
         if progress:
-            print(f"waiting for {nodes} node(s) to answer metadata requests...", flush=True)
+            print(f"waiting for {nodes} node(s) to answer metadata requests...", file=sys.stderr)
         self.wait_ready(state, timeout)
         return state
 
