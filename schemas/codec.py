@@ -170,7 +170,9 @@ def _decode_json(body: bytes) -> Batch:
         values = columns["value"]
         if any(isinstance(v, str) for v in values):
             text = columns.get("text") or [None] * n
-            columns["text"] = [v if isinstance(v, str) else t for v, t in zip(values, text)]
+            columns["text"] = [
+                v if isinstance(v, str) else t for v, t in zip(values, text, strict=True)
+            ]
             columns["value"] = [None if isinstance(v, str) else v for v in values]
     arrays = {}
     for field in schema:
@@ -179,9 +181,7 @@ def _decode_json(body: bytes) -> Batch:
         try:
             arrays[field.name] = pa.array(columns[field.name], type=field.type)
         except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError) as e:
-            raise RejectedInput(
-                Reason.SCHEMA_MISMATCH, f"column {field.name}: {e}"[:300]
-            ) from e
+            raise RejectedInput(Reason.SCHEMA_MISMATCH, f"column {field.name}: {e}"[:300]) from e
     table = pa.table(arrays) if arrays else pa.table({"_": pa.nulls(n)})
     return Batch(envelope=envelope, table=_conform(table, schema))
 

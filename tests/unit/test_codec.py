@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+
 import pyarrow as pa
 import pytest
 from hypothesis import given, settings
@@ -13,8 +14,8 @@ from schemas.errors import RejectedInput
 from schemas.reasons import Reason
 from schemas.wire import (
     COLLECTIVES_SCHEMA,
-    PAYLOAD_SCHEMAS,
     EVENTS_SCHEMA,
+    PAYLOAD_SCHEMAS,
     SAMPLES_SCHEMA,
     ClockBlock,
     Envelope,
