@@ -1,0 +1,244 @@
+"""Per-source clock offset and drift from (source ``sent_ns``, broker LogAppendTime) pairs.
+
+Convention (as in :data:`schemas.records.REFINED_SCHEMA`): ``offset = source clock - common
+clock``, and ``ts = ts_source - offset``.
+
+For each batch the broker stamps arrival ``A = sent_true + delay`` on the common clock while
+the source stamped ``S = sent_true + offset``. So ``y = S - A = offset - delay``: every point
+lies *below* the line ``offset(t) - d_min`` and the points with the least delay touch it.
+
+Method (Moon-Skelly-Towsley 1999 linear programming, equivalently the upper convex hull of
+Zhang-Liu-Xia 2002; see DATA-NOTES §5.4):
+
+1. keep the last ``window`` points ``(x = S, y = S - A)`` since the last clock step;
+2. fit the line ``a + b·x`` that lies on or above every point and is lowest at the mean
+   ``x̄``: it is the edge of the upper convex hull spanning ``x̄``. This is the minimum-delay
+   filter and the drift fit at once: queued (delayed) points never touch the hull;
+3. ``offset(t) = a + b·t + assumed_min_delay``. The minimum one-way delay cannot be observed
+   from one-way stamps (it is confounded with the offset), so a fixed estimate is added:
+   1.1 ms, the middle of the 0.2-2 ms base delays of a datacenter producer → broker path; its
+   half range (0.9 ms) is part of the error bound;
+4. drift ``b`` is clamped to ±``max_drift_ppm``; with fewer than ``min_fit_points`` points
+   the drift is taken as 0 and the line passes through the highest point.
+
+Error bound: ``delay_uncertainty + 1.5 x envelope thickness`` (the ``1/8`` quantile of the
+points' distances below the line: how well the minimum delay is pinned down), plus
+``max_drift x span`` before the fit has ``min_fit_points``.
+
+Steps: a point more than ``step_threshold`` *above* the line cannot be explained by delay,
+so the offset jumped up: restart the window at that point. ``step_confirm`` consecutive
+points more than the threshold *below* the line mean it jumped down: restart with them. The
+threshold is ``max(step_threshold_ns, 10 x median distance below the line)`` so heavy jitter
+does not fake steps.
+
+Cross-check: when the source's :class:`~schemas.wire.ClockBlock` reports an offset, a
+difference larger than both error bounds together is reported as ``disagreement_ns`` and
+widens the error to cover it.
+
+Convergence: ``converged`` once ``min_converged_points`` points (default 16, i.e. 16 s at one
+batch per second) have been seen since the start or the last step.
+
+State is bounded: ``window`` points plus a few step candidates.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pipelines._arrow import Array
+from schemas.wire import ClockBlock
+
+
+@dataclass(frozen=True)
+class ClockSettings:
+    window: int = 256
+    min_fit_points: int = 8
+    min_converged_points: int = 120
+    assumed_min_delay_ns: int = 1_100_000
+    delay_uncertainty_ns: int = 900_000
+    max_drift_ppm: float = 500.0
+    step_threshold_ns: int = 10_000_000
+    step_confirm: int = 3
+    alert_threshold_ns: int = 1_000_000_000
+
+
+@dataclass(frozen=True)
+class ClockEstimate:
+    """``offset(t) = offset_ns + drift_ppm·1e-6·(t - anchor_ns)`` for ``t`` on the source
+    clock; ``error_ns`` bounds ``|offset(t) - true offset|`` near ``anchor_ns``."""
+
+    offset_ns: int
+    anchor_ns: int
+    drift_ppm: float
+    error_ns: int
+    points: int
+    converged: bool
+    step: bool = False  # a clock step was detected by the last observation
+    disagreement_ns: int | None = None  # source's own report - ours, when beyond the bounds
+
+    def offset_at(self, t_source_ns: int) -> int:
+        return self.offset_ns + round(self.drift_ppm * 1e-6 * (t_source_ns - self.anchor_ns))
+
+    def alert(self, threshold_ns: int = 1_000_000_000) -> bool:
+        """True when the source's clock is off the common clock by more than the threshold."""
+        return abs(self.offset_ns) > threshold_ns
+
+
+UNKNOWN = ClockEstimate(0, 0, 0.0, 2**62, 0, False)
+
+
+@dataclass
+class ClockEstimator:
+    """Clock model of one source (keyed by ``node|exporter|instance``)."""
+
+    settings: ClockSettings = field(default_factory=ClockSettings)
+    points: deque[tuple[int, int]] = field(default_factory=deque)
+    candidates: list[tuple[int, int]] = field(default_factory=list)
+    since_step: int = 0
+    last: ClockEstimate = UNKNOWN
+    _fit: tuple[float, float, int, float] | None = None  # a, b, xa, median gap
+
+    def observe(
+        self, sent_ns: int, arrival_ns: int, clock: ClockBlock | None = None
+    ) -> ClockEstimate:
+        """Add one (source send time, broker append time) pair; returns the new estimate.
+        O(window) Python work per call, once per batch."""
+        s = self.settings
+        x, y = int(sent_ns), int(sent_ns) - int(arrival_ns)
+        step = False
+        if self.points and self._fit is not None:
+            a, b, xa, median_gap = self._fit
+            gap = a + b * (x - xa) - y  # distance below the line (negative: above)
+            thresh = max(s.step_threshold_ns, 10 * median_gap)
+            if gap < -thresh:
+                step = True
+                self._restart([])
+            elif gap > thresh:
+                self.candidates.append((x, y))
+                if len(self.candidates) >= s.step_confirm:
+                    step = True
+                    self._restart(self.candidates[:-1])
+            else:
+                self.candidates.clear()
+        if x < (self.points[-1][0] if self.points else x):
+            self.points = deque(sorted([*self.points, (x, y)]), maxlen=None)
+        else:
+            self.points.append((x, y))
+        while len(self.points) > s.window:
+            self.points.popleft()
+        self.since_step += 1
+        self.last = self._estimate(x, step, clock)
+        return self.last
+
+    def estimate(self) -> ClockEstimate:
+        return self.last
+
+    def _restart(self, keep: list[tuple[int, int]]) -> None:
+        self.points = deque(keep)
+        self.candidates = []
+        self.since_step = len(keep)
+        self._fit = None
+
+    def _line(self) -> tuple[float, float, int]:
+        """``(a, b, xa)``: the fitted ``y ≈ a + b·(x - xa)`` (upper envelope)."""
+        pts = self.points
+        s = self.settings
+        xa = pts[0][0]
+        if len(pts) < s.min_fit_points:
+            top = max(pts, key=lambda p: p[1])
+            return float(top[1]), 0.0, top[0]
+        hull = _upper_hull(pts)
+        xbar = sum(p[0] for p in pts) / len(pts)
+        b = 0.0
+        for p, q in itertools.pairwise(hull):
+            if p[0] <= xbar <= q[0] and q[0] > p[0]:
+                b = (q[1] - p[1]) / (q[0] - p[0])
+                break
+        bmax = s.max_drift_ppm * 1e-6
+        b = min(max(b, -bmax), bmax)
+        # the line of slope b touching the hull from above
+        a = max(p[1] - b * (p[0] - xa) for p in hull)
+        return a, b, xa
+
+    def _estimate(self, x: int, step: bool, clock: ClockBlock | None) -> ClockEstimate:
+        s = self.settings
+        a, b, xa = self._line()
+        pts = self.points
+        gaps = sorted(a + b * (p[0] - xa) - p[1] for p in pts)
+        thickness = gaps[len(gaps) // 8]
+        self._fit = (a, b, xa, gaps[len(gaps) // 2])
+        error = s.delay_uncertainty_ns + 1.5 * thickness
+        if len(pts) < s.min_fit_points:
+            error += s.max_drift_ppm * 1e-6 * (pts[-1][0] - pts[0][0]) + gaps[-1]
+        offset = round(a + b * (x - xa)) + s.assumed_min_delay_ns
+        disagreement = None
+        if clock is not None and clock.offset_ns is not None:
+            diff = clock.offset_ns - offset
+            if abs(diff) > error + (clock.error_bound_ns or 0):
+                disagreement = diff
+                error = max(error, abs(diff) + (clock.error_bound_ns or 0))
+        return ClockEstimate(
+            offset_ns=offset,
+            anchor_ns=x,
+            drift_ppm=b * 1e6,
+            error_ns=round(error),
+            points=len(pts),
+            converged=self.since_step >= s.min_converged_points,
+            step=step,
+            disagreement_ns=disagreement,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "points": [list(p) for p in self.points],
+            "candidates": [list(p) for p in self.candidates],
+            "since_step": self.since_step,
+        }
+
+    @classmethod
+    def from_dict(
+        cls, doc: dict[str, Any], settings: ClockSettings | None = None
+    ) -> ClockEstimator:
+        est = cls(settings or ClockSettings())
+        est.points = deque((int(x), int(y)) for x, y in doc["points"])
+        est.candidates = [(int(x), int(y)) for x, y in doc["candidates"]]
+        est.since_step = int(doc["since_step"])
+        if est.points:
+            x = est.points[-1][0]
+            est.last = est._estimate(x, False, None)
+        return est
+
+
+def _upper_hull(pts: deque[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Upper convex hull (left to right) of points sorted by x; exact integer arithmetic."""
+    hull: list[tuple[int, int]] = []
+    for p in pts:
+        while len(hull) >= 2:
+            o, a = hull[-2], hull[-1]
+            if (a[0] - o[0]) * (p[1] - o[1]) - (a[1] - o[1]) * (p[0] - o[0]) >= 0:
+                hull.pop()
+            else:
+                break
+        hull.append(p)
+    return hull
+
+
+def align(ts_source: Array, estimate: ClockEstimate) -> tuple[Array, Array, int]:
+    """Aligned timestamps for one batch: ``ts = ts_source - offset(ts_source)``, vectorized.
+
+    Returns ``(ts, offset per row, error bound)``; int64 arrays of the input's length.
+    """
+    ts = pc.cast(ts_source, pa.int64())
+    if estimate.drift_ppm == 0.0:
+        off = pa.repeat(pa.scalar(estimate.offset_ns, pa.int64()), len(ts))
+    else:
+        dt = pc.cast(pc.subtract(ts, estimate.anchor_ns), pa.float64())
+        corr = pc.round(pc.multiply(dt, estimate.drift_ppm * 1e-6))
+        off = pc.add(pc.cast(corr, pa.int64()), estimate.offset_ns)
+    return pc.subtract(ts, off), off, estimate.error_ns
