@@ -45,7 +45,9 @@ _SXID_RE = re.compile(r"nvidia-nvswitch(\d+): SXid \((?:PCI:)?([0-9A-Fa-f:.]+)\)
 _LINK_RE = re.compile(r"(?:^|\s)([\w.@-]+): (?:NIC )?Link is (Up|Down)\b")
 _READY_RE = re.compile(r"ADDRCONF\(NETDEV_CHANGE\): ([\w.@-]+): link becomes ready")
 _DMESG_T_RE = re.compile(r"^\[(\w{3} \w{3} +\d+ \d\d:\d\d:\d\d \d{4})\] ?(.*)$")
-_DMESG_ISO_RE = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:[,.]\d+)?(?:[+-]\d\d:?\d\d|Z)?) (.*)$")
+_DMESG_ISO_RE = re.compile(
+    r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:[,.]\d+)?(?:[+-]\d\d:?\d\d|Z)?) (.*)$"
+)
 _DMESG_MONO_RE = re.compile(r"^\[\s*(\d+)\.(\d+)\] ?(.*)$")
 _KMSG_RE = re.compile(r"^(\d+),(\d+),(\d+),[^;]*;(.*)$")
 
@@ -125,7 +127,9 @@ def event_of(line: LogLine, gpu_by_pci: Mapping[str, str]) -> dict[str, Any] | N
         }
         if code in NVLINK_XIDS:
             attrs["nvlink"] = True
-        return _row(ts, "xid", gpu_by_pci.get(pci, f"pci:{pci}"), code, xid_severity(code), line, attrs)
+        return _row(
+            ts, "xid", gpu_by_pci.get(pci, f"pci:{pci}"), code, xid_severity(code), line, attrs
+        )
     if m := _SXID_RE.search(msg):
         pci = normalize_pci(m.group(2))
         attrs = {"pci": pci, "detail": m.group(4).strip() or None}

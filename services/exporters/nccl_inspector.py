@@ -13,7 +13,7 @@ Each line of an Inspector file is one JSON object (format ``v4.0``)::
 Mapping: ``comm`` = ``header.id``, ``op`` = ``coll``, ``op_seq`` = ``coll_sn``, ``rank``,
 ``nranks`` = ``n_ranks``, ``bytes``, ``algbw_gbps``/``busbw_gbps`` as printed, ``dtype`` NULL
 (Inspector does not report it). Time: verbose output's ``event_trace_ts.coll_start_ts`` (µs
-since the epoch) when present, else ``dump_timestamp_us − coll_exec_time_us`` (the dump follows
+since the epoch) when present, else ``dump_timestamp_us - coll_exec_time_us`` (the dump follows
 completion, so this is an upper bound on the start); ``end_ns = ts_ns + exec time``. Device:
 ``gpu<rank mod (n_ranks / nnodes)>``, the layout of one rank per GPU in order (the ``jobs``
 placement is the authority when it disagrees). Records without ``coll_perf`` (P2P, other
@@ -63,8 +63,8 @@ def record_to_row(obj: Mapping[str, Any], job: str) -> dict[str, Any] | None:
         if dump is None:
             return None
         start_us = dump - (exec_us or 0)
-    nnodes = header.get("nnodes") if isinstance(header.get("nnodes"), int) else 1
-    per_node = max(1, nranks // max(1, int(nnodes)))
+    nnodes = header.get("nnodes")
+    per_node = max(1, nranks // max(1, nnodes if isinstance(nnodes, int) else 1))
     ts = start_us * 1000
 
     def num(key: str) -> float | None:

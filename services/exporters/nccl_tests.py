@@ -4,7 +4,7 @@ Both column layouts are read by header name, not position:
 
 - older: ``size count type redop [root] | time algbw busbw error | time algbw busbw error``
   (``error`` is ``N/A``; alltoall rows leave ``redop`` blank);
-- current: ``size count type redop root | time algbw busbw #wrong | …`` (``root`` −1 where it
+- current: ``size count type redop root | time algbw busbw #wrong | …`` (``root`` -1 where it
   does not apply). Extra per-iteration columns (``-I 1``) are tolerated.
 
 Numbers may print as ``16215``, ``112.0`` or ``1.2e+04``; ``N/A`` becomes NULL. Interleaved
@@ -20,10 +20,10 @@ else the ``op`` argument, else the file name (``nccl_allreduce.log`` → ``AllRe
 
 Example::
 
-    >>> r = parse_nccl_tests(open("tests/fixtures/real-data/nccl/superbench-nccl_allreduce.log").read(),
-    ...                      op="AllReduce", job="j1")                               # doctest: +SKIP
-    >>> r.table.num_rows, r.nranks, r.avg_busbw_gbps                                 # doctest: +SKIP
-    (68, 8, 68.4048)
+    >>> log = Path("tests/fixtures/real-data/nccl/superbench-nccl_allreduce.log")
+    >>> r = import_nccl_tests(log, job="j1")  # doctest: +SKIP
+    >>> r.op, r.table.num_rows, r.nranks, r.avg_busbw_gbps  # doctest: +SKIP
+    ('AllReduce', 68, 8, 68.4048)
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ OPS: dict[str, str] = {
     "hypercube": "HyperCube",
 }
 
-# busbw = algbw × factor (nccl-tests doc/PERFORMANCE.md)
+# busbw = algbw * factor (nccl-tests doc/PERFORMANCE.md)
 BUS_FACTOR: dict[str, str] = {
     "AllReduce": "2(n-1)/n",
     "ReduceScatter": "(n-1)/n",
@@ -148,11 +148,11 @@ def parse_nccl_tests(
                 found = re.search(r":\s*(\d+)", line)
                 oob = int(found.group(1)) if found else None
             else:
-                cols = line[1:].split()
-                if cols[:3] == ["size", "count", "type"] and "busbw" in cols:
-                    first = cols.index("time")
-                    prefix = cols[:first]
-                    group = cols[first:]
+                names = line[1:].split()
+                if names[:3] == ["size", "count", "type"] and "busbw" in names:
+                    first = names.index("time")
+                    prefix = names[:first]
+                    group = names[first:]
                     n_perf = len(group)
                     half = group[: n_perf // 2]
                     perf_idx = {name: half.index(name) for name in _PERF if name in half}

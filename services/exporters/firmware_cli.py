@@ -1,0 +1,204 @@
+"""``refinery export firmware``: ethtool PFC/ECN counters, Redfish BMC sensors/SEL/clock and
+kernel-log XIDs, to ``telemetry.raw`` (samples) and ``telemetry.events`` (events).
+
+``export firmware [--ethtool IFACE …] [--redfish URL --redfish-user U --redfish-password-file F
+--redfish-ca FILE | --insecure] [--kmsg FILE|/dev/kmsg] [--dmesg FILE] [--once] [--stdout]
+[--interval 1s]``. With ``--stdout`` rows are printed as JSON Lines (``{"kind": …, row}``)
+instead of published. Source failures are reported on stderr with their count and last error;
+the loop goes on. Also holds the small helpers the NCCL CLI shares (durations, identity, batch
+sink).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from schemas.catalog import default_catalog
+from schemas.errors import ConfigError
+from schemas.wire import ClockBlock, Envelope, PayloadKind, SourceId
+from services.settings import RefinerySettings
+from services.topology.cli import command_group
+
+_DURATION_RE = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h)?$")
+
+
+def parse_duration(text: str) -> float:
+    """``500ms``, ``1s``, ``2m``, ``1h``, ``5`` (seconds) → seconds; ConfigError otherwise."""
+    m = _DURATION_RE.match(text.strip())
+    if m is None:
+        raise ConfigError(f"not a duration: {text!r} (e.g. 500ms, 1s, 2m)")
+    scale = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}[m.group(2) or "s"]
+    return float(m.group(1)) * scale
+
+
+def safe_name(text: str) -> str:
+    """A string made to fit the envelope's name pattern (``[A-Za-z0-9][A-Za-z0-9._:@+-]*``)."""
+    s = re.sub(r"[^A-Za-z0-9._:@+-]", "_", text)[:128]
+    return s if s and s[0].isalnum() else ("x" + s)[:128]
+
+
+def local_identity() -> tuple[str, str]:
+    """(node name, boot id) of this machine; called from CLI handlers only."""
+    node = safe_name(socket.gethostname().split(".")[0] or "localhost")
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        boot = f"t{time.time_ns()}"
+    return node, safe_name(boot)
+
+
+class BatchSink:
+    """Publish tables as wire batches (lazily building the Kafka producer), or print them."""
+
+    def __init__(
+        self, settings: RefinerySettings, source: SourceId, *, stdout: bool, interval_ns: int | None
+    ) -> None:
+        self.source = source
+        self.stdout = stdout
+        self.interval_ns = interval_ns
+        self._settings = settings
+        self._producers: dict[str, Any] = {}
+        self.seq = 0
+
+    def send(
+        self,
+        kind: PayloadKind,
+        topic: str,
+        table: pa.Table,
+        clock: ClockBlock | None = None,
+        key: str | None = None,
+    ) -> None:
+        if table.num_rows == 0:
+            return
+        if self.stdout:
+            for row in table.to_pylist():
+                sys.stdout.write(json.dumps({"kind": kind.value, **row}) + "\n")
+            sys.stdout.flush()
+            return
+        if topic not in self._producers:
+            from services.producer import BatchProducer
+
+            self._producers[topic] = BatchProducer(self._settings.kafka(), topic=topic)
+        env = Envelope(
+            kind=kind,
+            source=self.source,
+            seq=self.seq,
+            sent_ns=time.time_ns(),
+            interval_ns=self.interval_ns,
+            clock=clock,
+        )
+        self.seq += 1
+        self._producers[topic].send(env, table, key=key)
+
+    def close(self) -> int:
+        """Flush every producer; returns how many batches stayed unacknowledged."""
+        return sum(int(p.close()) for p in self._producers.values())
+
+
+def _sources(args: argparse.Namespace) -> list[Any]:
+    from services.exporters.ethtool import EthtoolSource
+    from services.exporters.firmware import KernelLogSource
+    from services.exporters.kmsg import boot_time_ns, load_gpu_map
+
+    sources: list[Any] = []
+    catalog = default_catalog()
+    for iface in args.ethtool or []:
+        sources.append(EthtoolSource(iface, catalog))
+    if args.redfish:
+        from services.exporters.redfish import RedfishClient, RedfishSource
+
+        password = None
+        if args.redfish_password_file:
+            password = Path(args.redfish_password_file).read_text().strip()
+        client = RedfishClient(
+            args.redfish,
+            args.redfish_user,
+            password,
+            ca_file=args.redfish_ca,
+            insecure=args.insecure,
+        )
+        sources.append(RedfishSource(client))
+    gpus = load_gpu_map(Path(args.gpu_map).read_text()) if args.gpu_map else {}
+    try:
+        boot_ns: int | None = boot_time_ns(Path("/proc/stat").read_text())
+    except (OSError, ValueError):
+        boot_ns = None
+    if args.kmsg:
+        sources.append(
+            KernelLogSource(
+                Path(args.kmsg), raw_kmsg=True, boot_ns=boot_ns, gpu_by_pci=gpus,
+                from_start=args.once,
+            )
+        )  # fmt: skip
+    if args.dmesg:
+        sources.append(
+            KernelLogSource(Path(args.dmesg), raw_kmsg=False, boot_ns=boot_ns, gpu_by_pci=gpus)
+        )
+    if not sources:
+        raise ConfigError("export firmware: give at least one of --ethtool, --redfish, --kmsg")
+    return sources
+
+
+def cmd_export_firmware(args: argparse.Namespace, settings: RefinerySettings) -> int:
+    from services.exporters.firmware import FirmwareExporter
+
+    interval = parse_duration(args.interval)
+    if args.redfish and not (args.redfish_ca or args.insecure or args.redfish.startswith("http:")):
+        print("export firmware: verifying the BMC with the system CA store", file=sys.stderr)
+    exporter = FirmwareExporter(_sources(args))
+    node, boot = local_identity()
+    sink = BatchSink(
+        settings,
+        SourceId(node=node, exporter="firmware", instance="0", boot_id=boot),
+        stdout=args.stdout,
+        interval_ns=int(interval * 1e9),
+    )
+    reported: dict[str, int] = {}
+    try:
+        while True:
+            t0 = time.monotonic()
+            poll = exporter.poll()
+            for table in poll.samples:
+                sink.send(PayloadKind.SAMPLES, "telemetry.raw", table, poll.clock)
+            for table in poll.events:
+                sink.send(PayloadKind.EVENTS, "telemetry.events", table, poll.clock)
+            for h in exporter.health.values():
+                if h.errors != reported.get(h.name, 0):
+                    reported[h.name] = h.errors
+                    print(f"{h.name}: {h.errors} error(s), last: {h.last_error}", file=sys.stderr)
+            if args.once:
+                break
+            time.sleep(max(0.0, interval - (time.monotonic() - t0)))
+    finally:
+        left = sink.close()
+    failed = all(h.errors for h in exporter.health.values())
+    return 1 if left or failed else 0
+
+
+def add_parser(subparsers: Any) -> None:
+    """Register ``export firmware``."""
+    export = command_group(subparsers, "export", "run an exporter (publishes to Kafka)")
+    p = export.add_parser("firmware", help="ethtool PFC/ECN, Redfish BMC, kernel-log XIDs")
+    p.add_argument("--ethtool", action="append", metavar="IFACE", help="ethtool -S IFACE")
+    p.add_argument("--redfish", metavar="URL", help="BMC base URL, e.g. https://bmc1")
+    p.add_argument("--redfish-user", metavar="U")
+    p.add_argument("--redfish-password-file", metavar="F")
+    tls = p.add_mutually_exclusive_group()
+    tls.add_argument("--redfish-ca", metavar="FILE", help="CA bundle for the BMC certificate")
+    tls.add_argument("--insecure", action="store_true", help="do not verify the BMC certificate")
+    p.add_argument("--kmsg", metavar="FILE", help="raw kmsg records, or /dev/kmsg")
+    p.add_argument("--dmesg", metavar="FILE", help="a dmesg -T log file to follow")
+    p.add_argument("--gpu-map", metavar="FILE", help="nvidia-smi index,pci.bus_id CSV or JSON")
+    p.add_argument("--once", action="store_true", help="one poll, then exit")
+    p.add_argument("--stdout", action="store_true", help="print JSON Lines instead of publishing")
+    p.add_argument("--interval", default="1s", help="poll interval (default 1s)")
+    p.set_defaults(handler=cmd_export_firmware)
