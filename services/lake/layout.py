@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+from schemas.errors import RefineryError
 from services.lake.datasets import DATASETS
 
 HOUR_NS = 3_600_000_000_000
@@ -40,7 +41,7 @@ _SAFE = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz01234567
 _MAX_COMPONENT = 200
 
 
-class LakeError(Exception):
+class LakeError(RefineryError):
     """Root of the lake's errors: bad partition values, paths outside the root, bad names."""
 
 

@@ -49,7 +49,6 @@ from services.lake.layout import (
 )
 
 
-
 class CrashSeam:
     """A test seam: ``CrashSeam("after_rename@3").reach("after_rename")`` exits the process
     with status 137 (no cleanup, like kill -9) the third time that point is reached.

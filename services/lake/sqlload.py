@@ -1,0 +1,163 @@
+"""Load ``sql/`` into a DuckDB connection over one lake, and run named queries by name.
+
+The ``.sql`` files need nothing from Python: they read the lake root from the DuckDB variable
+``lake`` (``SET VARIABLE lake = '/path'``) and every view reads the file list that
+``sql/refresh.sql`` snapshots into ``lake_files_<dataset>`` (compaction-aware, see
+``sql/lake.sql``). This module is the same thing done from Python::
+
+    con = connect("/data/lake")          # SET VARIABLE lake, then sql/init.sql
+    refresh(con)                         # see files landed since (run_query does it)
+    rel = run_query(con, "pfc_storms", {"min_seconds": "5"})
+
+Named queries (``sql/queries/*.sql``) start with a header::
+
+    -- name: pfc_storms
+    -- description: what it answers (continued on lines starting "--   ")
+    -- param: min_seconds = 2 | what it means
+
+and use their parameters as ``$min_seconds``. A parameter's default fixes its type: integer,
+float, ``true``/``false``, else text. Errors are :class:`~services.lake.layout.LakeError`
+(unknown query or parameter, value of the wrong type); DuckDB's own errors propagate.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import duckdb
+
+from services.lake.layout import LakeError
+
+SQL_DIR = Path(__file__).resolve().parents[2] / "sql"
+_PARAM_RE = re.compile(r"^--\s*param:\s*([A-Za-z_]\w*)\s*=\s*(.*?)\s*(?:\|\s*(.*))?$")
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    default: str
+    description: str
+
+    def coerce(self, text: str) -> object:
+        """``text`` as this parameter's type (the type of its default)."""
+        kind = _kind(self.default)
+        try:
+            if kind is bool:
+                if text.lower() not in ("true", "false"):
+                    raise ValueError(text)
+                return text.lower() == "true"
+            return kind(text)
+        except ValueError:
+            raise LakeError(f"parameter {self.name}: {text!r} is not {kind.__name__}") from None
+
+
+@dataclass(frozen=True)
+class NamedQuery:
+    name: str
+    description: str
+    params: dict[str, Param] = field(default_factory=dict)
+    sql: str = ""
+    path: Path | None = None
+
+
+def _kind(default: str) -> type:
+    if re.fullmatch(r"-?\d+", default):
+        return int
+    if re.fullmatch(r"-?\d+\.\d*(e-?\d+)?", default):
+        return float
+    if default.lower() in ("true", "false"):
+        return bool
+    return str
+
+
+def parse_query(path: Path) -> NamedQuery:
+    """Read one named query file and its header; raises LakeError for a missing name."""
+    text = path.read_text()
+    name, desc, params = None, [], {}
+    for line in text.splitlines():
+        if not line.startswith("--"):
+            break
+        if m := re.match(r"^--\s*name:\s*(\S+)", line):
+            name = m.group(1)
+        elif m := re.match(r"^--\s*description:\s*(.*)$", line):
+            desc.append(m.group(1))
+        elif m := _PARAM_RE.match(line):
+            params[m.group(1)] = Param(m.group(1), m.group(2), m.group(3) or "")
+        elif line.startswith("--   ") and desc:
+            desc.append(line[2:].strip())
+    if name is None:
+        raise LakeError(f"{path}: no '-- name:' header")
+    return NamedQuery(name, " ".join(desc), params, text, path)
+
+
+def list_queries(sql_dir: Path = SQL_DIR) -> dict[str, NamedQuery]:
+    """Every named query in ``sql_dir/queries``, by name."""
+    out = {}
+    for p in sorted((sql_dir / "queries").glob("*.sql")):
+        q = parse_query(p)
+        out[q.name] = q
+    return out
+
+
+def _script(path: Path, sql_dir: Path) -> list[str]:
+    """Statements of an init script, with ``.read`` lines expanded (paths relative to the
+    repository root, as the DuckDB CLI would read them from there)."""
+    out: list[str] = []
+    for line in path.read_text().splitlines():
+        s = line.strip()
+        if s.startswith(".read "):
+            rel = s[len(".read ") :].strip()
+            target = sql_dir.parent / rel
+            out.append(target.read_text())
+    return out
+
+
+def connect(
+    lake: Path | str,
+    con: duckdb.DuckDBPyConnection | None = None,
+    *,
+    sql_dir: Path = SQL_DIR,
+) -> duckdb.DuckDBPyConnection:
+    """A connection (new, in memory, unless given) with every view of ``sql/views`` defined
+    over ``lake``. Raises duckdb.Error when the lake has no seed file for a dataset."""
+    con = con if con is not None else duckdb.connect()
+    con.execute("SET VARIABLE lake = ?", [str(Path(lake).absolute())])
+    for script in _script(sql_dir / "init.sql", sql_dir):
+        con.execute(script)
+    return con
+
+
+def refresh(con: duckdb.DuckDBPyConnection, *, sql_dir: Path = SQL_DIR) -> None:
+    """Re-list the lake so views see files landed (and compactions done) since."""
+    con.execute((sql_dir / "refresh.sql").read_text())
+
+
+def bind(query: NamedQuery, overrides: dict[str, str]) -> dict[str, object]:
+    """Parameter values for ``query``: defaults, replaced by ``overrides`` (text)."""
+    unknown = set(overrides) - set(query.params)
+    if unknown:
+        raise LakeError(f"query {query.name} has no parameter {', '.join(sorted(unknown))}")
+    return {
+        name: p.coerce(overrides.get(name, p.default))
+        for name, p in query.params.items()
+        if f"${name}" in query.sql
+    }
+
+
+def run_query(
+    con: duckdb.DuckDBPyConnection,
+    name: str,
+    params: dict[str, str] | None = None,
+    *,
+    sql_dir: Path = SQL_DIR,
+) -> duckdb.DuckDBPyConnection:
+    """Refresh the file lists, run named query ``name``; returns the connection holding the
+    result (``fetchall()``, ``description``, ``fetch_arrow_table()``)."""
+    queries = list_queries(sql_dir)
+    if name not in queries:
+        raise LakeError(f"no query named {name!r} (see `refinery query --list`)")
+    q = queries[name]
+    refresh(con, sql_dir=sql_dir)
+    return con.execute(q.sql, bind(q, params or {}))

@@ -1,0 +1,11 @@
+-- view: collectives
+-- NCCL collective records, one row per (op instance, rank), with node from the envelope.
+-- union_by_name: files written before a column existed read it as NULL.
+CREATE OR REPLACE VIEW collectives AS
+SELECT *
+FROM read_parquet(
+    getvariable('lake_files_collectives'),
+    hive_partitioning = true,
+    union_by_name = true,
+    hive_types = {'date': DATE, 'hour': INTEGER}
+);
