@@ -5,7 +5,8 @@ per scrape.
 - :func:`collect_node` is the one-shot form (discovers, reads, returns a table).
 - :class:`NodeCollector` is the long-running form: it keeps the sysfs file plan (directory
   listings) between scrapes, rediscovers every ``rescan_every`` scrapes (hot-plugged HCAs,
-  new interfaces), reads the slow tier (PCIe AER and link state, net error details, NVMe
+  new interfaces), keeps the fast tier's files open (``pread`` at offset 0; at most
+  ``max_open_files``), reads the slow tier (PCIe AER and link state, net error details, NVMe
   state, RAPL limits, temperature limits) every ``slow_every`` scrapes and chrony every
   ``clock_every`` scrapes, and numbers batches with a per-process monotonic ``seq``.
 - :func:`bench_scrape` measures CPU seconds per scrape (``time.process_time``).
@@ -37,7 +38,7 @@ from schemas.wire import ClockBlock, Envelope, SourceId
 from services.exporters.chrony import Tracking, read_chrony
 from services.exporters.nvml import NvmlCollector
 from services.exporters.procfs import SampleBuffer, collect_procfs, read_boot_id
-from services.exporters.sysfs import SysfsPlan, discover, read_entries
+from services.exporters.sysfs import OpenFiles, SysfsPlan, discover, read_entries
 
 EXPORTER = "node"
 
@@ -70,6 +71,7 @@ class NodeCollector:
         slow_every: int = 10,
         rescan_every: int = 60,
         clock_every: int = 16,
+        max_open_files: int = 512,
     ) -> None:
         self.procfs = procfs
         self.sysfs = sysfs
@@ -78,6 +80,7 @@ class NodeCollector:
         self.rescan_every = max(1, rescan_every)
         self.clock_every = max(1, clock_every)
         self._plan: SysfsPlan | None = None
+        self._files = OpenFiles(max_open=max_open_files)
         self._scrapes = 0
         self._seq = itertools.count()
         self._nvml = NvmlCollector() if gpus else None
@@ -94,6 +97,7 @@ class NodeCollector:
     def plan(self) -> SysfsPlan:
         if self._plan is None or self._scrapes % self.rescan_every == 0:
             self._plan = discover(self.sysfs, self.catalog)
+            self._files.retain({e.path for e in self._plan.fast})
         return self._plan
 
     def scrape(self, now_ns: int | None = None) -> pa.Table:
@@ -102,7 +106,7 @@ class NodeCollector:
         buf = SampleBuffer(self.catalog)
         plan = self.plan
         collect_procfs(self.procfs, ts, buf)
-        read_entries(plan.fast, ts, buf)
+        read_entries(plan.fast, ts, buf, self._files)
         if self._scrapes % self.slow_every == 0:
             read_entries(plan.slow, ts, buf)
         if self._nvml is not None:
@@ -133,13 +137,19 @@ class NodeCollector:
         )
 
     def close(self) -> None:
+        """Close held sysfs descriptors and the NVML session."""
+        self._files.close()
         if self._nvml is not None:
             self._nvml.close()
 
 
 def collect_node(procfs: Path, sysfs: Path, *, now_ns: int, catalog: Catalog) -> pa.Table:
     """One scrape of procfs and sysfs (both tiers, no NVML, no chrony) as a SAMPLES_SCHEMA table."""
-    return NodeCollector(procfs, sysfs, catalog=catalog).scrape(now_ns)
+    c = NodeCollector(procfs, sysfs, catalog=catalog)
+    try:
+        return c.scrape(now_ns)
+    finally:
+        c.close()
 
 
 def bench_scrape(
@@ -159,6 +169,7 @@ def bench_scrape(
     for _ in range(n):
         rows += c.scrape().num_rows
     t2 = time.process_time()
+    c.close()
     per = (t2 - t1) / max(n, 1)
     return {
         "scrapes": float(n),

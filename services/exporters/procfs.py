@@ -64,12 +64,16 @@ class SampleBuffer:
         self.raw: list[int | None] = []
         self.text: list[str | None] = []
         self.unknown: set[str] = set()
+        self._known: set[str] = set()
 
     def __len__(self) -> int:
         return len(self.ts)
 
     def _ok(self, metric: str) -> bool:
-        if self._allowed is None or metric in self._allowed:
+        if metric in self._known or self._allowed is None:
+            return True
+        if metric in self._allowed:
+            self._known.add(metric)  # a plain set lookup is cheaper than the catalog's
             return True
         self.unknown.add(metric)
         return False

@@ -270,10 +270,59 @@ def _read_aer(data: bytes, e: Entry, ts: int, buf: SampleBuffer) -> None:
             buf.counter(ts, e.metric, f"{e.device}/{name.decode('ascii', 'replace')}", n)
 
 
-def read_entries(entries: list[Entry], ts: int, buf: SampleBuffer) -> None:
-    """Read and parse every planned file; unreadable ones (gone, EACCES) add nothing."""
+class OpenFiles:
+    """Keeps sysfs attribute files open between scrapes and re-reads them with ``pread`` at
+    offset 0 (sysfs regenerates an attribute on every read from offset 0, as procps does with
+    ``/proc/stat``): one syscall per reading instead of three. At most ``max_open`` descriptors
+    are held; beyond that, files are opened per read. A failing descriptor (device gone) is
+    closed and forgotten. Call :meth:`close` when done."""
+
+    def __init__(self, max_open: int = 512) -> None:
+        self.max_open = max_open
+        self._fds: dict[str, int] = {}
+
+    def __len__(self) -> int:
+        return len(self._fds)
+
+    def read(self, path: str) -> bytes | None:
+        fd = self._fds.get(path)
+        if fd is None:
+            if len(self._fds) >= self.max_open:
+                return read_bytes(path)
+            try:
+                fd = os.open(path, os.O_RDONLY)
+            except OSError:
+                return None
+            self._fds[path] = fd
+        try:
+            return os.pread(fd, 65536, 0)
+        except OSError:
+            self._forget(path)
+            return None
+
+    def _forget(self, path: str) -> None:
+        fd = self._fds.pop(path, None)
+        if fd is not None:
+            os.close(fd)
+
+    def retain(self, paths: set[str]) -> None:
+        """Close descriptors of files no longer planned (after a rescan)."""
+        for path in [p for p in self._fds if p not in paths]:
+            self._forget(path)
+
+    def close(self) -> None:
+        for path in list(self._fds):
+            self._forget(path)
+
+
+def read_entries(
+    entries: list[Entry], ts: int, buf: SampleBuffer, files: OpenFiles | None = None
+) -> None:
+    """Read and parse every planned file; unreadable ones (gone, EACCES) add nothing.
+    With ``files``, descriptors stay open between calls."""
+    read = files.read if files is not None else read_bytes
     for e in entries:
-        data = read_bytes(e.path)
+        data = read(e.path)
         if data is None:
             continue
         mode = e.mode

@@ -325,3 +325,24 @@ def test_bench_scrape_h100(trees: dict[str, Path]) -> None:
     print(f"node exporter, H100 tree: {r['cpu_s_per_scrape'] * 1e3:.2f} ms CPU per scrape")
     assert r["rows_per_scrape"] > 500
     assert 0 < r["cpu_s_per_scrape"] < 0.05
+
+
+def test_open_files_see_new_readings_and_survive_removal(
+    trees: dict[str, Path], cat: Catalog, tmp_path: Path
+) -> None:
+    src = trees["h100_sys"] / "class/infiniband/mlx5_0"
+    hca = tmp_path / "sys/class/infiniband/mlx5_0"
+    shutil.copytree(src, hca)
+    # 8 held descriptors: the first 8 counter files in name order, port_rcv_data among them
+    # (re-read with pread); symbol_error is past the cap and opened per read
+    c = NodeCollector(trees["proc"], tmp_path / "sys", catalog=cat, max_open_files=8)
+    first = _rows(c.scrape(1))
+    assert first[("ib.port_rcv_data", "mlx5_0/1")]["raw"] == 230539874932483
+    counters = hca / "ports/1/counters"
+    (counters / "port_rcv_data").write_bytes(b"230539874932999")  # same inode, new reading
+    (counters / "symbol_error").unlink()  # a file that vanishes between scrapes
+    second = _rows(c.scrape(2))
+    assert second[("ib.port_rcv_data", "mlx5_0/1")]["raw"] == 230539874932999
+    # the rate file is in the slow tier: read on the first scrape only
+    assert set(first) - set(second) == {("ib.symbol_error", "mlx5_0/1"), ("ib.rate", "mlx5_0/1")}
+    c.close()
