@@ -1,0 +1,271 @@
+"""Drive a :class:`~services.simulate.engine.Simulation` into Kafka and record the truth.
+
+Time mapping: the simulator's true clock is ``start_ns + simulated offset``. When the simulation
+has no ``start_ns``, :func:`publish` sets it to the wall clock at the start of publishing, and at
+``speed`` 1 each message is handed to the producer when the wall clock reaches its true arrival
+time (``due_ns``), so the broker's ``LogAppendTime`` ≈ true arrival time (plus the real loopback
+delay). At ``speed`` X the wall clock runs X times slower than true time
+(``wall = wall0 + (due - start) / X``); ``speed`` 0 or ``inf`` publishes as fast as possible. Only
+at speed 1 with the default start is ``LogAppendTime`` comparable with true time.
+
+Records: samples/late/malformed batches → ``topics.raw`` (key node), duplicates → the same topic
+from a second producer session, events → ``topics.events`` (key node), collectives →
+``topics.collectives`` (key job), topology entities → ``topics.topology`` (JSON, key id), jobs →
+``topics.jobs`` (JSON, key job). Topology and jobs are published and flushed first.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import KafkaError
+
+from schemas.codec import JSON
+from services.producer import BatchProducer
+from services.settings import KafkaSettings
+from services.simulate.engine import Message, SendKind, Simulation, Stream
+from services.simulate.truth import TruthWriter
+
+
+@dataclass(frozen=True)
+class Topics:
+    raw: str = "telemetry.raw"
+    events: str = "telemetry.events"
+    collectives: str = "telemetry.collectives"
+    topology: str = "topology"
+    jobs: str = "jobs"
+
+    def of(self, stream: Stream) -> str:
+        return {
+            Stream.RAW: self.raw,
+            Stream.EVENTS: self.events,
+            Stream.COLLECTIVES: self.collectives,
+        }[stream]
+
+
+@dataclass
+class Progress:
+    """Counters of a run so far; handed to the progress callback every few seconds."""
+
+    ticks: int = 0
+    messages_sent: int = 0
+    messages_acked: int = 0
+    messages_failed: int = 0
+    samples_sent: int = 0
+    samples_acked: int = 0
+    elapsed_s: float = 0.0
+    by_kind: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def samples_per_s(self) -> float:
+        return self.samples_acked / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    def line(self) -> str:
+        return (
+            f"simulate: tick {self.ticks}  sent {self.messages_sent} msgs / "
+            f"{self.samples_sent} samples, acked {self.samples_acked} "
+            f"({self.samples_per_s:,.0f} samples/s), failed {self.messages_failed}"
+        )
+
+
+@dataclass
+class PublishReport(Progress):
+    """What :func:`publish` did; ``unacked`` messages were never acknowledged."""
+
+    unacked: int = 0
+    start_ns: int = 0
+    topics: dict[str, str] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "samples_per_s": round(self.samples_per_s, 1)}
+
+
+ProgressCallback = Callable[[Progress], None]
+
+
+def _stderr_progress(p: Progress) -> None:
+    print(p.line(), file=sys.stderr, flush=True)
+
+
+class _Publisher:
+    def __init__(
+        self,
+        kafka: KafkaSettings,
+        topics: Topics,
+        truth: TruthWriter | None,
+        extra_conf: dict[str, Any] | None,
+    ) -> None:
+        self.topics, self.truth, self.p = topics, truth, Progress()
+        self.pending: dict[int, tuple[Message, str]] = {}
+        self.msg_no = 0
+
+        def prod(topic: str) -> BatchProducer:
+            return BatchProducer(
+                kafka, topic=topic, on_delivery=self.delivered, extra_conf=extra_conf
+            )
+
+        self.producers = {s: prod(topics.of(s)) for s in Stream}
+        self.dup_session = prod(topics.raw)  # a second producer session: a new producer id
+
+    def delivered(self, tag: str, err: KafkaError | None, partition: int, offset: int) -> None:
+        if not tag.isdigit():
+            return
+        no = int(tag)
+        item = self.pending.get(no)
+        if item is None:
+            return
+        if err is not None:
+            self.p.messages_failed += 1
+            if err.retriable() or err.code() == KafkaError._MSG_TIMED_OUT:
+                return  # BatchProducer re-spools it; a later report settles it
+            self.pending.pop(no)
+            return
+        msg, topic = self.pending.pop(no)
+        self.p.messages_acked += 1
+        self.p.samples_acked += msg.samples
+        self.p.by_kind[msg.kind.value] = self.p.by_kind.get(msg.kind.value, 0) + 1
+        if self.truth is not None:
+            # BatchProducer reports offset 0 as -1; a successful delivery has a real offset
+            self.truth.acked(msg, no, topic, partition, 0 if offset < 0 else offset)
+
+    def send(self, msg: Message) -> None:
+        ct, body = msg.encode()
+        self.msg_no += 1
+        topic = self.topics.of(msg.stream)
+        self.pending[self.msg_no] = (msg, topic)
+        prod = self.dup_session if msg.kind is SendKind.DUPLICATE else self.producers[msg.stream]
+        prod.send_encoded(msg.key, body, (("content-type", ct.encode()),), str(self.msg_no))
+        self.p.messages_sent += 1
+        self.p.samples_sent += msg.samples
+
+    def close(self, timeout: float) -> int:
+        left = 0
+        for prod in (*self.producers.values(), self.dup_session):
+            left += prod.close(timeout)
+        return left
+
+
+def publish_metadata(sim: Simulation, kafka: KafkaSettings, topics: Topics, start_ns: int) -> int:
+    """Publish topology entities and job placements (JSON, compacted topics); returns how many
+    were not acknowledged within 60 s."""
+    left = 0
+    for topic, items in (
+        (topics.topology, [(e.id, e.model_dump_json()) for e in sim.cluster.topology()]),
+        (topics.jobs, [(j.job, j.model_dump_json()) for j in sim.cluster.jobs(start_ns)]),
+    ):
+        prod = BatchProducer(kafka, topic=topic)
+        for key, doc in items:
+            prod.send_encoded(key.encode(), doc.encode(), (("content-type", JSON.encode()),), key)
+        left += prod.close(60.0)
+    return left
+
+
+def publish(
+    sim: Simulation,
+    kafka_settings: KafkaSettings,
+    topics: Topics | None = None,
+    truth_path: str | Path | None = None,
+    speed: float = 1.0,
+    progress_cb: ProgressCallback | None = _stderr_progress,
+    *,
+    progress_every_s: float = 3.0,
+    stop: Callable[[], bool] | None = None,
+    extra_conf: dict[str, Any] | None = None,
+    flush_timeout_s: float = 120.0,
+) -> PublishReport:
+    """Publish the whole simulation (blocks until it ends, ``stop()`` is true or Ctrl-C), then
+    flush and write the truth. Returns a :class:`PublishReport`. Raises what the producer raises
+    on a bad configuration; delivery failures are counted, never raised."""
+    topics = topics or Topics()
+    if sim.start_ns is None:
+        sim.start_ns = time.time_ns()
+    start = sim.start_ns
+    truth = TruthWriter(truth_path) if truth_path is not None else None
+    publish_metadata(sim, kafka_settings, topics, start)
+    pub = _Publisher(kafka_settings, topics, truth, extra_conf)
+    fast = speed <= 0 or math.isinf(speed)
+    wall0 = time.monotonic()
+    last = wall0
+    try:
+        for tick in sim.ticks():
+            for msg in tick.messages:
+                if not fast:
+                    wait = (msg.due_ns - start) / speed / 1e9 - (time.monotonic() - wall0)
+                    if wait > 0.002:
+                        time.sleep(wait)
+                pub.send(msg)
+            pub.p.ticks = tick.index
+            now = time.monotonic()
+            if progress_cb is not None and now - last >= progress_every_s:
+                pub.p.elapsed_s, last = now - wall0, now
+                progress_cb(pub.p)
+            if stop is not None and stop():
+                break
+    except KeyboardInterrupt:
+        pass
+    finally:
+        left = pub.close(flush_timeout_s)
+        p = pub.p
+        p.elapsed_s = time.monotonic() - wall0
+        if truth is not None:
+            truth.close([i.row() for i in sim.incidents], sim.clocks.table(sim.cluster.node_names))
+    if progress_cb is not None:
+        progress_cb(p)
+    return PublishReport(
+        **asdict(p),
+        unacked=max(left, len(pub.pending)),
+        start_ns=start,
+        topics={s.value: topics.of(s) for s in Stream}
+        | {"topology": topics.topology, "jobs": topics.jobs},
+    )
+
+
+def bench_publish(
+    bootstrap: str,
+    nodes: int,
+    seconds: float,
+    *,
+    seed: int = 0,
+    extra_conf: dict[str, Any] | None = None,
+) -> float:
+    """Acknowledged samples per second published as fast as possible into fresh topics of the
+    broker at ``bootstrap`` for about ``seconds`` of wall time (no faults, no truth)."""
+    from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+
+    from services.simulate.cluster import Cluster
+
+    tag = uuid.uuid4().hex[:8]
+    topics = Topics(
+        *(f"bench.{n}.{tag}" for n in ("raw", "events", "collectives", "topology", "jobs"))
+    )
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    conf = {"message.timestamp.type": "LogAppendTime", "max.message.bytes": "16777216"}
+    futs = admin.create_topics(
+        [
+            NewTopic(t, num_partitions=4, replication_factor=1, config=conf)
+            for t in asdict(topics).values()
+        ]
+    )
+    for f in futs.values():
+        f.result(30)
+    sim = Simulation(Cluster.build(nodes, seed=seed), None, seed=seed)
+    deadline = time.monotonic() + seconds
+    rep = publish(
+        sim,
+        KafkaSettings(bootstrap_servers=bootstrap),
+        topics,
+        None,
+        speed=math.inf,
+        progress_cb=None,
+        stop=lambda: time.monotonic() >= deadline,
+        extra_conf=extra_conf,
+    )
+    admin.delete_topics(list(asdict(topics).values()))
+    return rep.samples_per_s
