@@ -1,0 +1,261 @@
+"""Join samples to the topology and job placement valid at their aligned time.
+
+:class:`TopologyIndex` is built from :class:`~schemas.records.TopologyEntity` versions
+(``[valid_from, valid_to)``) and :class:`~schemas.records.JobPlacement` records
+(``[start_ns, end_ns)``). :meth:`TopologyIndex.enrich` answers one batch (one node) at once.
+
+Device naming: ``gpuN`` is a GPU; ``mlx5_N``, ``mlx5_N/1`` (port) and ``mlx5_N/1/prio3``
+(per priority) all belong to NIC ``mlx5_N``. A NIC row takes rail, NUMA and GPU affinity
+from the NIC entity, leaf and leaf port from the link entity ``(node, "mlx5_N/<port>")``
+(the NIC's lowest port when the device names none), and the job/rank of its affine GPU. A
+GPU row takes NIC, NUMA and NVLink domain from the GPU entity and rail/leaf through its
+affine NIC. Spine: the leaf switch entity's ``peer``, else the lowest-named peer of the
+leaf's switch links. Anything else (``cpu12``, ``mem``, ``nvme0``) is a node-level device:
+rack/pod, and the job holding the node.
+
+``enrich_reason`` holds the first missing join, in this order: ``no_topology_for_node``,
+``no_topology_at_time``, ``no_device_mapping``, ``not_a_fabric_device``, ``no_job``.
+
+Time rule: a node's topology only changes at *boundaries* (every ``valid_from``/``valid_to``
+of its entities, the switches' and its jobs' start/end). Resolutions are cached per (node,
+interval between boundaries, device). A batch (≈ 1 s) almost never contains a boundary, so
+it is resolved once per distinct device and broadcast; when one does fall inside the batch,
+the rows are split at the boundary and each row gets the version valid at its own ``ts``,
+so the result is exact either way.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import OrderedDict, defaultdict
+from collections.abc import Iterable
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pipelines._arrow import Array
+from schemas.records import EnrichReason, EntityKind, JobPlacement, TopologyEntity
+
+ENRICH_SCHEMA = pa.schema(
+    [
+        pa.field("rack", pa.string()),
+        pa.field("pod", pa.string()),
+        pa.field("leaf", pa.string()),
+        pa.field("leaf_port", pa.string()),
+        pa.field("spine", pa.string()),
+        pa.field("rail", pa.int32()),
+        pa.field("nic", pa.string()),
+        pa.field("gpu", pa.string()),
+        pa.field("numa", pa.int32()),
+        pa.field("nvlink_domain", pa.string()),
+        pa.field("job", pa.string()),
+        pa.field("rank", pa.int32()),
+        pa.field("enrich_reason", pa.string()),
+    ]
+)
+_NAMES = ENRICH_SCHEMA.names
+Row = dict[str, Any]
+
+OPEN = 2**63 - 1
+
+
+def _valid(e: TopologyEntity, t: int) -> bool:
+    return e.valid_from <= t < (OPEN if e.valid_to is None else e.valid_to)
+
+
+def _job_valid(j: JobPlacement, t: int) -> bool:
+    return j.start_ns <= t < (OPEN if j.end_ns is None else j.end_ns)
+
+
+def classify_device(device: str) -> tuple[str, str, str | None]:
+    """``("gpu", "gpu3", None)``, ``("nic", "mlx5_0", "1")`` or ``("other", device, None)``."""
+    parts = device.split("/")
+    base = parts[0]
+    if base.startswith("gpu") and base[3:].isdigit():
+        return "gpu", base, None
+    if base.startswith("mlx") and "_" in base:
+        port = parts[1] if len(parts) > 1 and parts[1].isdigit() else None
+        return "nic", base, port
+    return "other", device, None
+
+
+class TopologyIndex:
+    """Versioned topology and job placement, answering vectorized joins per batch."""
+
+    def __init__(
+        self,
+        entities: Iterable[TopologyEntity],
+        jobs: Iterable[JobPlacement] = (),
+        cache_size: int = 4096,
+    ) -> None:
+        self._by_node: dict[str, list[TopologyEntity]] = defaultdict(list)
+        self._fabric: list[TopologyEntity] = []  # switches and switch-to-switch links
+        self._jobs: dict[str, list[JobPlacement]] = defaultdict(list)
+        bounds_node: dict[str, set[int]] = defaultdict(set)
+        bounds_fabric: set[int] = set()
+        for e in entities:
+            target = bounds_node[e.node] if e.node else bounds_fabric
+            target.add(e.valid_from)
+            if e.valid_to is not None:
+                target.add(e.valid_to)
+            (self._by_node[e.node] if e.node else self._fabric).append(e)
+        for j in sorted(jobs, key=lambda j: (j.start_ns, j.job)):
+            for node in {*j.nodes, *(r.node for r in j.ranks)}:
+                self._jobs[node].append(j)
+                bounds_node[node].add(j.start_ns)
+                if j.end_ns is not None:
+                    bounds_node[node].add(j.end_ns)
+        self._bounds = {n: sorted(b | bounds_fabric) for n, b in bounds_node.items()}
+        self._fabric_bounds = sorted(bounds_fabric)
+        self._cache: OrderedDict[tuple[str, int], tuple[dict[str, Row], pa.Table]] = OrderedDict()
+        self._cache_size = cache_size
+
+    # --- per-row resolution (cached; runs once per node, interval, device) -----------------
+
+    def resolve(self, node: str, device: str, t: int) -> Row:
+        """The enrichment of one (node, device) at time ``t`` as a dict of ENRICH_SCHEMA."""
+        row: Row = dict.fromkeys(_NAMES)
+        reasons: list[EnrichReason] = []
+        kind, base, port = classify_device(device)
+        ents = self._by_node.get(node)
+        valid = [e for e in ents if _valid(e, t)] if ents else []
+        if not ents:
+            reasons.append(EnrichReason.NO_TOPOLOGY_FOR_NODE)
+        elif not valid:
+            reasons.append(EnrichReason.NO_TOPOLOGY_AT_TIME)
+        by_kind: dict[EntityKind, dict[str, TopologyEntity]] = defaultdict(dict)
+        for e in sorted(valid, key=lambda e: (e.device or "", e.id)):
+            if e.kind is EntityKind.NODE:
+                row["rack"] = row["rack"] or e.rack
+                row["pod"] = row["pod"] or e.pod
+            elif e.device is not None:
+                by_kind[e.kind].setdefault(e.device, e)
+        affine_gpu: str | None = None
+        if kind == "other":
+            if valid:
+                reasons.append(EnrichReason.NOT_A_FABRIC_DEVICE)
+        elif valid:
+            if kind == "gpu":
+                g = by_kind[EntityKind.GPU].get(base)
+                nic = g.nic if g else None
+                affine_gpu = base if g else None
+            else:
+                g = None
+                nic = base if base in by_kind[EntityKind.NIC] else None
+            if nic is None:
+                reasons.append(EnrichReason.NO_DEVICE_MAPPING)
+            else:
+                n_ent = by_kind[EntityKind.NIC].get(nic)
+                row["nic"] = nic
+                if n_ent is not None:
+                    row["rail"], row["numa"] = n_ent.rail, n_ent.numa
+                    if kind == "nic":
+                        affine_gpu = n_ent.gpu
+                link = self._link(by_kind[EntityKind.LINK], nic, port)
+                if link is not None:
+                    row["leaf"], row["leaf_port"] = link.switch, link.switch_port
+                    row["spine"] = self._spine(link.switch, t)
+            if g is not None:
+                row["numa"] = g.numa if g.numa is not None else row["numa"]
+            gpu_ent = by_kind[EntityKind.GPU].get(affine_gpu) if affine_gpu else None
+            row["gpu"] = affine_gpu
+            if gpu_ent is not None:
+                row["nvlink_domain"] = gpu_ent.nvlink_domain
+        self._job(row, node, affine_gpu, t)
+        if row["job"] is None:
+            reasons.append(EnrichReason.NO_JOB)
+        row["enrich_reason"] = reasons[0].value if reasons else None
+        return row
+
+    @staticmethod
+    def _link(
+        links: dict[str, TopologyEntity], nic: str, port: str | None
+    ) -> TopologyEntity | None:
+        if port is not None:
+            return links.get(f"{nic}/{port}")
+        for dev in sorted(links):
+            if dev.startswith(nic + "/"):
+                return links[dev]
+        return None
+
+    def _spine(self, leaf: str | None, t: int) -> str | None:
+        if leaf is None:
+            return None
+        peers = []
+        for e in self._fabric:
+            if not _valid(e, t):
+                continue
+            if e.kind is EntityKind.SWITCH and leaf in (e.id, e.device) and e.peer:
+                return e.peer
+            if e.kind is EntityKind.LINK and e.switch == leaf and e.peer:
+                peers.append(e.peer)
+        return min(peers) if peers else None
+
+    def _job(self, row: Row, node: str, gpu: str | None, t: int) -> None:
+        holder = None
+        for j in self._jobs.get(node, ()):
+            if not _job_valid(j, t):
+                continue
+            if gpu is not None:
+                for r in j.ranks:
+                    if r.node == node and r.gpu == gpu:
+                        row["job"], row["rank"] = j.job, r.rank
+                        return
+            if holder is None and node in j.nodes:
+                holder = j
+        if holder is not None:
+            row["job"] = holder.job
+
+    # --- vectorized batch join --------------------------------------------------------------
+
+    def _table(self, node: str, t: int, devices: list[str]) -> pa.Table:
+        bounds = self._bounds.get(node, self._fabric_bounds)
+        key = (node, bisect.bisect_right(bounds, t))
+        hit = self._cache.get(key)
+        rows = hit[0] if hit else {}
+        missing = [d for d in devices if d not in rows]
+        if hit is not None and not missing:
+            self._cache.move_to_end(key)
+            return hit[1]
+        rows = dict(rows)
+        for d in missing:
+            rows[d] = self.resolve(node, d, t)
+        names = list(rows)
+        cols = {"device": pa.array(names, pa.string())}
+        for f in ENRICH_SCHEMA:
+            cols[f.name] = pa.array([rows[d][f.name] for d in names], f.type)
+        table = pa.table(cols)
+        self._cache[key] = (rows, table)
+        self._cache.move_to_end(key)
+        while len(self._cache) > self._cache_size:
+            self._cache.popitem(last=False)
+        return table
+
+    def enrich(self, node: str, device: Array, ts: Array) -> pa.Table:
+        """ENRICH_SCHEMA columns for rows of one node, given each row's device and aligned ts.
+        Python work is per distinct device and per boundary inside the batch, not per row."""
+        n = len(device)
+        if n == 0:
+            return ENRICH_SCHEMA.empty_table()
+        tmin, tmax = pc.min_max(ts).values()
+        lo, hi = tmin.as_py(), tmax.as_py()
+        bounds = self._bounds.get(node, self._fabric_bounds)
+        inside = bounds[bisect.bisect_right(bounds, lo) : bisect.bisect_right(bounds, hi)]
+        devices = pc.unique(device).to_pylist()
+        table = self._table(node, lo, devices)
+        out = table.take(pc.index_in(device, value_set=table.column("device"))).drop_columns(
+            ["device"]
+        )
+        for b in inside:  # rows at or after a boundary take the next version
+            later = pc.greater_equal(ts, b)
+            nxt_t = self._table(node, b, devices)
+            alt = nxt_t.take(pc.index_in(device, value_set=nxt_t.column("device")))
+            out = pa.table(
+                {
+                    f.name: pc.if_else(later, alt.column(f.name), out.column(f.name))
+                    for f in ENRICH_SCHEMA
+                },
+                schema=ENRICH_SCHEMA,
+            )
+        return out
