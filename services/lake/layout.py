@@ -30,7 +30,7 @@ from schemas.errors import RefineryError
 from services.lake.datasets import DATASETS
 
 HOUR_NS = 3_600_000_000_000
-MAX_TS_NS = 253_402_300_799_000_000_000  # 9999-12-31T23:59:59Z
+MAX_TS_NS = 2**63 - 1  # 2262-04-11T23:47:16Z, the largest int64 ns
 SEED_NAME = "seed.parquet"
 PARTIAL_SUFFIX = ".parquet.partial"
 LANDING_DIR = ".landing"
@@ -106,7 +106,7 @@ def encode_value(value: str) -> str:
 
 
 def hour_of(ts_ns: int) -> tuple[str, str]:
-    """``("YYYY-MM-DD", "HH")`` of a timestamp in UTC; values outside 1970..9999 are clamped."""
+    """``("YYYY-MM-DD", "HH")`` of a timestamp in UTC; values outside 1970..2262 are clamped."""
     ts = min(max(int(ts_ns), 0), MAX_TS_NS)
     d = datetime.fromtimestamp(ts // 1_000_000_000, UTC)
     return d.strftime("%Y-%m-%d"), d.strftime("%H")
@@ -114,7 +114,7 @@ def hour_of(ts_ns: int) -> tuple[str, str]:
 
 def parse_hour(text: str) -> tuple[str, str]:
     """``YYYY-MM-DDTHH`` → ``("YYYY-MM-DD", "HH")``; raises LakeError for anything else."""
-    if not isinstance(text, str) or not re.fullmatch(r"\d{4}-\d{2}-\d{2}T\d{2}", text):
+    if not isinstance(text, str) or not re.fullmatch(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}", text):
         raise LakeError(f"hour {text!r} is not YYYY-MM-DDTHH")
     try:
         d = datetime.strptime(text, "%Y-%m-%dT%H")

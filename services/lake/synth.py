@@ -7,16 +7,25 @@ gauges, scraped every ``interval_s`` with millisecond jitter, each source with i
 offset, enriched with rack/leaf/rail/job and carrying lineage. Counters are mostly idle, data
 counters busy, congestion counters bursty, as on real fabrics. Deterministic for a seed.
 
-:func:`collectives` and :func:`topology` give matching NCCL records and topology facts.
+:func:`collectives` and :func:`topology` give matching NCCL records and topology facts;
+:func:`land_lake` lands all of it through a LakeWriter as many small files.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from schemas.records import REFINED_SCHEMA
-from services.lake.datasets import COLLECTIVES_LAKE_SCHEMA, TOPOLOGY_SCHEMA, conform
+from services.lake.datasets import (
+    ACCOUNTING_SCHEMA,
+    COLLECTIVES_LAKE_SCHEMA,
+    DATASETS,
+    TOPOLOGY_SCHEMA,
+    conform,
+)
+from services.lake.writer import LakeWriter
 
 T0_NS = 1_767_225_600_000_000_000  # 2026-01-01T00:00:00Z
 
@@ -240,3 +249,105 @@ def topology(nodes: int = 4, *, valid_from: int = 0) -> pa.Table:
             )
             off += 3
     return conform(pa.table(rows), TOPOLOGY_SCHEMA)
+
+
+def land_lake(
+    writer: LakeWriter,
+    samples: pa.Table,
+    *,
+    chunk_rows: int = 5_000,
+    partitions: int = 4,
+    with_side_datasets: bool = True,
+) -> int:
+    """Land ``samples`` as a stream of small flushes (``chunk_rows`` each) spread over
+    ``partitions`` source partitions, plus matching collectives, topology, jobs, accounting,
+    dead letters, alerts and episodes. Returns the number of sample files written."""
+    files = 0
+    next_off = [0] * partitions
+    for i in range(0, samples.num_rows, chunk_rows):
+        p = (i // chunk_rows) % partitions
+        first = next_off[p]
+        next_off[p] += 3
+        chunk = samples.slice(i, chunk_rows)
+        files += len(writer.land("samples", chunk, partition=p, first=first, last=first + 2))
+    if not with_side_datasets:
+        return files
+    start = int(pc.min(samples.column("ts")).as_py())
+    nodes = len(pc.unique(samples.column("node")))
+    writer.land("collectives", collectives(nodes, start_ns=start), partition=0, first=0, last=0)
+    writer.land("topology", topology(nodes), partition=0, first=0, last=0)
+    n = samples.num_rows
+    acc = {
+        "ts": [start],
+        "raw_topic": ["telemetry.raw"],
+        "raw_partition": [0],
+        "raw_offset": [0],
+        "input_samples": [n + 2],
+        "refined_samples": [n],
+        "duplicate_samples": [1],
+        "quarantined_samples": [1],
+        "outcome": ["refined"],
+    }
+    writer.land(
+        "accounting", conform(pa.table(acc), ACCOUNTING_SCHEMA), partition=0, first=0, last=0
+    )
+    side: list[tuple[str, dict[str, object]]] = [
+        (
+            "deadletter",
+            {
+                "ts": start,
+                "reason": "non_finite",
+                "detail": "NaN",
+                "topic": "telemetry.raw",
+                "partition": 0,
+                "offset": 0,
+                "scope": "samples",
+                "samples": 1,
+                "rows": [3],
+                "ts_ns": start,
+            },
+        ),
+        (
+            "jobs",
+            {
+                "ts": start,
+                "job": "job-1001",
+                "start_ns": start,
+                "nodes": ["node000"],
+                "ranks": [{"rank": 0, "node": "node000", "gpu": "gpu0"}],
+            },
+        ),
+        (
+            "alerts",
+            {
+                "ts": start,
+                "id": "a1",
+                "rule": "pfc",
+                "state": "firing",
+                "severity": "warning",
+                "entity": "node000/eth0/prio3",
+                "starts_ns": start,
+                "summary": "PFC storm",
+                "emitted_ns": start,
+            },
+        ),
+        (
+            "episodes",
+            {
+                "ts": start,
+                "id": "e1",
+                "kind": "congestion",
+                "state": "firing",
+                "entity": "leaf00-r0:1",
+                "start_ns": start,
+                "ports": ["leaf00-r0:1"],
+                "emitted_ns": start,
+            },
+        ),
+    ]
+    for ds, row in side:
+        row = {"kafka_partition": 0, "kafka_offset": 0, **row}
+        schema = DATASETS[ds].schema
+        t = pa.Table.from_pylist([{k: row.get(k) for k in schema.names}], schema=schema)
+        writer.land(ds, t, partition=0, first=0, last=0)
+    return files
