@@ -7,10 +7,10 @@ What is read, per chassis of ``/redfish/v1/Chassis``:
    Temperature/``Cel`` → ``bmc.temperature`` (°C), Power/``W`` → ``bmc.power`` (W),
    ``RPM`` → ``bmc.fan_speed``, fan ``%`` → ``bmc.fan_percent``, Voltage/``V`` →
    ``bmc.voltage``, Current/``A`` → ``bmc.current``, Frequency/``Hz`` → ``bmc.frequency``,
-   EnergykWh/``kW.h`` or EnergyJoules/``J`` → ``bmc.energy`` in **J** (kWh * 3.6e6; a counter,
-   ``raw`` = whole joules). Device ``<chassis>/<URI leaf>`` (the URI leaf, not ``Id``: BMCs
-   copy-paste Ids). A sensor with ``State: Absent`` or no ``Reading`` is skipped and counted,
-   never emitted as zero.
+   EnergykWh/``kW.h`` → ``bmc.energy`` in kWh as read (EnergyJoules/``J`` converted to kWh; the
+   catalog keeps it a gauge, so ``raw`` stays NULL). Device ``<chassis>/<URI leaf>`` (the URI
+   leaf, not ``Id``: BMCs copy-paste Ids). A sensor with ``State: Absent`` or no ``Reading`` is
+   skipped and counted, never emitted as zero.
 2. ``ThermalSubsystem/Fans`` and ``PowerSubsystem/PowerSupplies/*/Metrics``: a reading whose
    ``DataSourceUri`` names a member of the Sensors collection is not emitted twice; when it
    differs from that sensor (or cites an absent one) the disagreement is reported. Others
@@ -50,7 +50,7 @@ import pyarrow as pa
 from schemas.errors import RefineryError
 from schemas.wire import EVENTS_SCHEMA, SAMPLES_SCHEMA, ClockBlock, SyncState
 
-KWH_TO_J = 3.6e6
+J_TO_KWH = 1 / 3.6e6
 MAX_PAGES = 100
 
 
@@ -195,9 +195,9 @@ def metric_for_sensor(doc: dict[str, Any]) -> tuple[str, float] | None:
     if rtype == "Frequency" or unit == "Hz":
         return "bmc.frequency", 1.0
     if rtype == "EnergykWh" or unit == "kW.h":
-        return "bmc.energy", KWH_TO_J
-    if rtype == "EnergyJoules" or unit == "J":
         return "bmc.energy", 1.0
+    if rtype == "EnergyJoules" or unit == "J":
+        return "bmc.energy", J_TO_KWH
     return None
 
 
@@ -225,11 +225,10 @@ class _Rows:
         self.by_uri: dict[str, float] = {}
 
     def add(self, metric: str, device: str, value: float, uri: str | None = None) -> None:
-        counter = metric == "bmc.energy"
-        raw = round(value) if counter and value >= 0 else None
+        # every BMC metric is a gauge in the catalog: no raw counter value
         self.rows.append(
             {"ts_ns": self.ts, "metric": metric, "device": device, "value": value,
-             "raw": raw, "text": None}
+             "raw": None, "text": None}
         )  # fmt: skip
         if uri:
             self.by_uri[uri] = value
@@ -391,7 +390,7 @@ class RedfishSource:
             ("InputCurrentAmps", "bmc.current", 1.0, "input"),
             ("InputPowerWatts", "bmc.power", 1.0, "input"),
             ("OutputPowerWatts", "bmc.power", 1.0, "output"),
-            ("EnergykWh", "bmc.energy", KWH_TO_J, ""),
+            ("EnergykWh", "bmc.energy", 1.0, ""),
             ("FrequencyHz", "bmc.frequency", 1.0, "input"),
             ("TemperatureCelsius", "bmc.temperature", 1.0, ""),
             ("FanSpeedPercent", "bmc.fan_percent", 1.0, "fan"),
