@@ -239,7 +239,7 @@ class _Run:
 
     def tick(self, k: int, t: int) -> list[Message]:
         sim, c, iv = self.sim, self.sim.cluster, self.iv
-        active = [x for x in sim.incidents if x.start_ns < t + iv and x.end_ns > t]
+        active = [x for x in sim.incidents if x.start_ns < t + iv and x.end_ns >= t]
         self.reboot(t, active)
         fx = self.effects(t, active)
         off = self.clocks.offsets(t)
@@ -342,7 +342,7 @@ class _Run:
     def reboot(self, t: int, active: list[Incident]) -> None:
         down = np.zeros(self.n, bool)
         for inc in active:
-            if inc.kind is FaultKind.RESET and inc.start_ns <= t:
+            if inc.kind is FaultKind.RESET and inc.active(t):
                 down[list(inc.node_idx)] = True
         back = self.down & ~down
         if back.any():

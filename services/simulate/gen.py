@@ -111,7 +111,7 @@ class GpuGen:
         n, g, r, busy = self.n, self.g, self.rng, self.busy
         val = np.empty((n, substeps, g, len(GPU_METRICS)))
         raw = np.zeros((n, substeps, g, len(GPU_METRICS)), np.uint64)
-        alpha = 1.0 - np.exp(-fx.dt_s / 20.0)
+        alpha, fast = 1.0 - np.exp(-fx.dt_s / 20.0), 1.0 - np.exp(-fx.dt_s / 2.0)
         for s in range(substeps):
             th = fx.throttle[s]
             thermal, power_cap = (th & 0x60) != 0, (th & 0x84) != 0
@@ -120,7 +120,9 @@ class GpuGen:
             )
             target = np.where(busy, 66.0 + self.bias, 34.0 + self.bias / 2)
             target = np.where(thermal, 91.0, target)
-            self.temp += (target - self.temp) * alpha + r.normal(0.0, 0.3, (n, g))
+            # a thermal incident is a cooling fault: the die heats within seconds
+            rate = np.where(thermal, fast, alpha)
+            self.temp += (target - self.temp) * rate + r.normal(0.0, 0.3, (n, g))
             power = np.where(
                 busy, np.clip(r.normal(610.0, 35.0, (n, g)), 300, 700), r.normal(72.0, 3.0, (n, g))
             )

@@ -1,0 +1,404 @@
+"""The cluster simulator without Kafka: shape, determinism, physics of counters, faults, truth."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+
+from schemas.codec import decode
+from schemas.errors import ConfigError, RejectedInput
+from schemas.reasons import RECORD_REASONS, Reason
+from schemas.records import EntityKind
+from services.simulate.bench import bench_generate
+from services.simulate.cli import parse_duration_ns
+from services.simulate.cluster import Cluster
+from services.simulate.engine import Message, SendKind, Simulation, Stream
+from services.simulate.faults import FaultKind, parse_faults
+from services.simulate.malformed import SAMPLE_REASONS
+from services.simulate.truth import TruthWriter, load_truth
+
+S = 1_000_000_000
+T0 = 1_700_000_000 * S
+
+
+def run(nodes: int, faults: str, seconds: int, seed: int = 1) -> tuple[Simulation, list[Message]]:
+    sim = Simulation(
+        Cluster.build(nodes, seed=seed), faults, seed=seed, start_ns=T0, duration_ns=seconds * S
+    )
+    return sim, [m for tick in sim.ticks() for m in tick.messages]
+
+
+def series(msgs: list[Message], exporter: str) -> dict[tuple[str, str, str, str], list[int]]:
+    """(node, boot_id, metric, device) → raw readings in send order of the good batches."""
+    out: dict[tuple[str, str, str, str], list[int]] = defaultdict(list)
+    good = [m for m in msgs if m.stream is Stream.RAW and m.kind in (SendKind.BATCH, SendKind.LATE)]
+    good.sort(key=lambda m: (m.envelope.source.key(), m.envelope.seq))  # type: ignore[union-attr]
+    for m in good:
+        assert m.envelope is not None and m.table is not None
+        if m.envelope.source.exporter != exporter:
+            continue
+        t = m.table.slice(0, m.table.num_rows - len(m.bad or ()))
+        src = m.envelope.source
+        for metric, device, raw in zip(
+            t.column("metric").to_pylist(),
+            t.column("device").to_pylist(),
+            t.column("raw").to_pylist(),
+            strict=True,
+        ):
+            if raw is not None:
+                out[(src.node, src.boot_id, metric, device)].append(raw)
+    return out
+
+
+# -- shape ------------------------------------------------------------------------------------
+
+
+def test_topology_shape_rail_optimized() -> None:
+    c = Cluster.build(nodes=20, gpus=8, nics=8, seed=0)
+    ents = c.topology()
+    by_kind: dict[EntityKind, list] = defaultdict(list)  # type: ignore[type-arg]
+    for e in ents:
+        by_kind[e.kind].append(e)
+    assert len(by_kind[EntityKind.NODE]) == 20
+    assert len(by_kind[EntityKind.GPU]) == 160
+    assert len(by_kind[EntityKind.NIC]) == 160
+    leaves = [e for e in by_kind[EntityKind.SWITCH] if e.role == "leaf"]
+    spines = [e for e in by_kind[EntityKind.SWITCH] if e.role == "spine"]
+    assert len(leaves) == 2 * 8 and len(spines) == 8
+    host_links = [e for e in by_kind[EntityKind.LINK] if e.node is not None]
+    assert len(host_links) == 160
+    for link in host_links:
+        i = int(link.node[4:])  # type: ignore[index]
+        rail = int(link.device.split("/")[0].split("_")[1])  # type: ignore[union-attr]
+        assert link.switch == f"leaf-p{i // 16}-r{rail}" and link.rail == rail
+        assert link.switch_port == str(i % 16)
+    assert len([e for e in by_kind[EntityKind.LINK] if e.peer]) == 16 * 8
+    for gpu in by_kind[EntityKind.GPU]:
+        assert gpu.nic == f"mlx5_{gpu.device[3:]}" and gpu.nvlink_domain == gpu.node  # type: ignore[index]
+    assert len({e.id for e in ents}) == len(ents)
+
+
+def test_jobs_are_disjoint_and_ranks_are_node_by_gpu() -> None:
+    c = Cluster.build(nodes=10, gpus=4, nics=4)
+    jobs = c.jobs(T0)
+    assert [j.job for j in jobs] == ["job-101", "job-102"]
+    assert not set(jobs[0].nodes) & set(jobs[1].nodes)
+    assert len(jobs[0].ranks) == len(jobs[0].nodes) * 4
+    assert jobs[0].ranks[5].node == jobs[0].nodes[1] and jobs[0].ranks[5].gpu == "gpu1"
+
+
+# -- determinism and volume -------------------------------------------------------------------
+
+
+def test_same_seed_same_bytes_other_seed_differs() -> None:
+    _, a = run(4, "all", 6, seed=5)
+    sim_b, b = run(4, "all", 6, seed=5)
+    _, c = run(4, "all", 6, seed=6)
+    assert [m.encode() for m in a] == [m.encode() for m in b]
+    assert [m.encode()[1] for m in a[:20]] != [m.encode()[1] for m in c[:20]]
+    assert sim_b.incidents and all(i.start_ns >= T0 for i in sim_b.incidents)
+
+
+def test_batches_are_large_and_decode() -> None:
+    _, msgs = run(3, "none", 2)
+    raw = [m for m in msgs if m.stream is Stream.RAW]
+    assert len(raw) == 3 * 3 * 2
+    for m in raw:
+        batch = decode(*reversed(m.encode()))
+        assert batch.table.num_rows == m.samples >= 300
+        assert batch.envelope.source.exporter in ("node", "gpu", "nic")
+
+
+def test_values_within_catalog_ranges() -> None:
+    _, msgs = run(4, "throttle", 20)
+    vals: dict[str, list[float]] = defaultdict(list)
+    for m in msgs:
+        if m.stream is Stream.RAW and m.table is not None:
+            for metric, v in zip(
+                m.table.column("metric").to_pylist(),
+                m.table.column("value").to_pylist(),
+                strict=True,
+            ):
+                vals[metric].append(v)
+    assert min(vals["gpu.util"]) >= 0 and max(vals["gpu.util"]) <= 100
+    assert max(vals["gpu.sm_clock"]) <= 1980 and min(vals["gpu.sm_clock"]) >= 300
+    assert min(vals["gpu.temp"]) >= 20 and max(vals["gpu.temp"]) < 100
+    assert max(vals["gpu.power"]) <= 700
+    assert max(vals["gpu.fb_used"]) <= 81_559
+    assert set(int(v) & ~0xED for v in vals["gpu.clock_event_reasons"]) == {0}
+    assert max(vals["mem.available_bytes"]) <= 2 * 1024**4
+
+
+# -- counters ---------------------------------------------------------------------------------
+
+
+def test_counters_monotonic_except_declared_resets_and_wraps() -> None:
+    sim, msgs = run(6, "reset,wrap,link_flap,pfc_storm", 30)
+    wrap = next(i for i in sim.incidents if i.kind is FaultKind.WRAP)
+    reset = next(i for i in sim.incidents if i.kind is FaultKind.RESET)
+    wrapped = 0
+    for exporter in ("node", "gpu", "nic"):
+        for (node, _boot, metric, device), xs in series(msgs, exporter).items():
+            d = np.diff(np.asarray(xs, dtype=np.float64))
+            if (node, metric, device) == (wrap.node, "rdma.out_of_sequence", wrap.device):
+                assert (d < 0).sum() == 1 and max(xs) < 2**32
+                wrapped += 1
+            else:
+                assert (d >= 0).all(), (node, metric, device)
+    assert wrapped == 1
+    boots = {
+        m.envelope.source.boot_id
+        for m in msgs
+        if m.envelope and m.key.decode() == reset.node and m.envelope.source.exporter == "gpu"
+    }
+    assert len(boots) == 2
+    after = [
+        m
+        for m in msgs
+        if m.envelope
+        and m.key.decode() == reset.node
+        and m.stream is Stream.RAW
+        and m.kind is SendKind.BATCH
+        and m.sent_true_ns > reset.end_ns
+    ]
+    assert after and min(m.envelope.seq for m in after if m.envelope) == 0
+
+
+def test_link_flap_stalls_counters_and_emits_events() -> None:
+    _, msgs = run(4, "link_flap:node=node0001,nic=2,start=5,dur=4", 12)
+    s = series(msgs, "nic")
+    boot = next(iter({k[1] for k in s if k[0] == "node0001"}))
+    xs = np.asarray(s[("node0001", boot, "ib.port_xmit_data", "mlx5_2/1")])
+    per_substep = np.diff(xs)  # 10 samples a second
+    assert (per_substep[50:88] == 0).all() and (per_substep[:45] > 0).all()
+    assert (per_substep[92:] > 0).all()
+    evs = [
+        e
+        for m in msgs
+        if m.stream is Stream.EVENTS and m.table is not None
+        for e in m.table.to_pylist()
+    ]
+    assert [e["event"] for e in evs] == ["link_down", "link_up"]
+    assert all(e["device"] == "mlx5_2/1" for e in evs)
+
+
+def test_storm_raises_pauses_only_behind_port_and_delays_only_that_rail() -> None:
+    sim, msgs = run(8, "pfc_storm:leaf=leaf-p0-r3,port=2,start=5,dur=10", 20)
+    storm = sim.incidents[0]
+    assert storm.node == "node0002" and storm.job == "job-101"
+    for (node, _b, metric, device), xs in series(msgs, "nic").items():
+        rise = xs[-1] - xs[0]
+        if metric in ("nic.rx_prio_pause", "nic.rx_prio_pause_duration"):
+            if (node, device) == ("node0002", "mlx5_3/1/prio3"):
+                assert rise > 100_000
+            else:
+                assert rise < 50, (node, device, rise)
+        if metric == "rdma.np_ecn_marked_roce_packets" and (node, device) == (
+            "node0002",
+            "mlx5_3/1",
+        ):
+            assert rise > 100_000
+    colls = [m for m in msgs if m.stream is Stream.COLLECTIVES and m.envelope is not None]
+    assert {m.key for m in colls} == {b"job-101", b"job-102"}
+    late_ranks = set()
+    for m in colls:
+        ct = m.extra
+        for node, dev, st, job in zip(
+            ct.node,
+            m.table.column("device").to_pylist(),  # type: ignore[union-attr]
+            ct.straggle_ns,
+            m.table.column("job").to_pylist(),
+            strict=True,
+        ):
+            if st > 0:
+                late_ranks.add((job, node, dev))
+                assert 5_000_000 <= st <= 25_000_000
+    assert late_ranks == {("job-101", "node0002", "gpu3")}
+    # arrival skew shows in the records themselves: that rank starts ≥ 5 ms after the median
+    m = next(m for m in colls if m.key == b"job-101" and m.extra.straggle_ns.max() > 0)
+    t = m.table.filter(pc.equal(m.table.column("op_seq"), m.table.column("op_seq")[0]))  # type: ignore[union-attr]
+    ts = np.asarray(t.column("ts_ns"))
+    late = ts[2 * 8 + 3]
+    assert late - np.median(ts) >= 5_000_000
+
+
+def test_throttle_sets_bits_drops_clock_and_emits_onset() -> None:
+    sim, msgs = run(4, "throttle:node=node0000,gpu=1,cause=thermal,start=4,dur=10", 16)
+    vals = defaultdict(list)
+    for m in msgs:
+        if (
+            m.stream is Stream.RAW
+            and m.envelope
+            and m.envelope.source.exporter == "gpu"
+            and m.envelope.source.node == "node0000"
+        ):
+            t = m.table.filter(pc.equal(m.table.column("device"), "gpu1"))  # type: ignore[union-attr]
+            for metric, ts, v in zip(
+                t.column("metric").to_pylist(),
+                t.column("ts_ns").to_pylist(),
+                t.column("value").to_pylist(),
+                strict=True,
+            ):
+                vals[metric].append((ts, v))
+    inc = sim.incidents[0]
+    off = int(sim.clocks.offsets(inc.start_ns)[0])
+    during = [
+        v for ts, v in vals["gpu.clock_event_reasons"] if inc.start_ns <= ts - off < inc.end_ns
+    ]
+    assert during and all(int(v) & 0x60 == 0x60 for v in during)
+    clocks = [v for ts, v in vals["gpu.sm_clock"] if inc.start_ns <= ts - off < inc.end_ns]
+    assert max(clocks) < 1600
+    assert max(v for _, v in vals["gpu.temp"]) >= 80
+    codes = [
+        e["code"]
+        for m in msgs
+        if m.stream is Stream.EVENTS and m.table is not None
+        for e in m.table.to_pylist()
+        if e["event"] == "throttle"
+    ]
+    assert codes == [0x60, 0]
+
+
+# -- malformed, duplicates, late --------------------------------------------------------------
+
+
+def test_malformed_records_decode_to_exactly_their_reason() -> None:
+    _, msgs = run(3, "malformed", 5)
+    bad = [m for m in msgs if m.kind is SendKind.MALFORMED]
+    assert {m.expected_reason for m in bad} == set(RECORD_REASONS)
+    for m in bad:
+        ct, body = m.encode()
+        with pytest.raises(RejectedInput) as e:
+            decode(body, ct)
+        assert e.value.reason == m.expected_reason
+        assert len(body) < 1_000_000
+    rows = [m for m in msgs if m.bad]
+    assert len(rows) == 1 and rows[0].bad == list(SAMPLE_REASONS)
+    t = decode(*reversed(rows[0].encode())).table  # whole batch decodes; bad rows are samples
+    tail = t.slice(t.num_rows - len(SAMPLE_REASONS)).to_pylist()
+    by = dict(zip(SAMPLE_REASONS, tail, strict=True))
+    assert by[Reason.BAD_DEVICE]["device"] == ""
+    assert np.isnan(by[Reason.NON_FINITE]["value"])
+    assert by[Reason.WRONG_KIND]["raw"] is None and by[Reason.WRONG_KIND]["value"] < 0
+    assert set(RECORD_REASONS) | set(SAMPLE_REASONS) == set(Reason)
+
+
+def test_duplicates_resend_identical_bytes_and_late_batches_come_later() -> None:
+    _, msgs = run(4, "dup:rate=0.05,late:rate=0.02,delay=3", 10)
+    dups = [m for m in msgs if m.kind is SendKind.DUPLICATE]
+    assert dups
+    firsts = {m.tag: m for m in msgs if m.kind is SendKind.BATCH}
+    for d in dups:
+        assert firsts[d.tag].encode() == d.encode() and d.due_ns > firsts[d.tag].due_ns
+    late = [m for m in msgs if m.kind is SendKind.LATE]
+    assert late
+    for m in late:
+        assert m.envelope is not None and m.table is not None
+        assert m.envelope.sent_ns - int(m.table.column("ts_ns")[-1].as_py()) > 2 * S
+    # the publisher sees arrivals in order, so a late batch is out of sequence for its source
+    assert [m.due_ns for m in msgs] == sorted(m.due_ns for m in msgs)
+    pos = {id(m): i for i, m in enumerate(msgs)}
+    later_seq = [
+        m
+        for m in msgs
+        if m.kind is SendKind.BATCH
+        and m.tag.rsplit("|", 1)[0] == late[0].tag.rsplit("|", 1)[0]
+        and m.envelope
+        and late[0].envelope
+        and m.envelope.seq > late[0].envelope.seq
+    ]
+    assert any(pos[id(m)] < pos[id(late[0])] for m in later_seq)
+
+
+def test_clock_fault_skews_some_nodes_only() -> None:
+    sim, msgs = run(16, "clock:max_offset=3600,max_drift=200", 4)
+    off = sim.clocks.offsets(T0)
+    assert (np.abs(off) > 5_000_000).any() and (np.abs(off) < 100_000).any()
+    assert (np.abs(off) <= 3600 * S + 31 * S).all()
+    assert (np.abs(sim.clocks.drift_ppm) <= 200).all()
+    m = next(m for m in msgs if m.stream is Stream.RAW)
+    assert m.envelope is not None and m.table is not None
+    i = int(m.envelope.source.node[4:])
+    assert int(m.table.column("ts_ns")[0].as_py()) == T0 + int(sim.clocks.offsets(T0)[i])
+
+
+# -- truth ------------------------------------------------------------------------------------
+
+
+def test_truth_counts_each_identity_once_and_maps_true_time(tmp_path: Path) -> None:
+    sim, msgs = run(4, "all", 20)
+    w = TruthWriter(tmp_path / "t.parquet", flush_rows=5_000)
+    for n, m in enumerate(msgs):
+        w.acked(m, n, f"topic.{m.stream}", 0, n)
+    w.close([i.row() for i in sim.incidents], sim.clocks.table(sim.cluster.node_names))
+    tr = load_truth(tmp_path / "t.parquet")
+    uniq = {
+        m.tag: m.samples
+        for m in msgs
+        if m.stream is Stream.RAW and m.kind is not SendKind.MALFORMED
+    }
+    assert tr.samples.num_rows == sum(uniq.values())
+    assert tr.sends.num_rows == len(msgs)
+    kinds = tr.summary()["by_kind"]
+    assert kinds["duplicate"] >= 1 and kinds["late"] >= 1 and kinds["malformed"] == 6
+    reasons = tr.samples.filter(pc.is_valid(tr.samples.column("expected_reason")))
+    assert sorted(reasons.column("expected_reason").to_pylist()) == sorted(
+        r.value for r in SAMPLE_REASONS
+    )
+    good = tr.samples.filter(pc.is_null(tr.samples.column("expected_reason")))
+    ts_true = np.asarray(good.column("ts_true_ns"))
+    assert ts_true.min() >= T0 and ts_true.max() < T0 + 20 * S
+    assert {r["kind"] for r in tr.incidents.to_pylist()} >= {
+        "pfc_storm",
+        "link_flap",
+        "throttle",
+        "xid",
+        "reset",
+        "wrap",
+    }
+    assert tr.clocks.num_rows == 4 and tr.events.num_rows >= 4
+    assert tr.collectives.num_rows == sum(m.samples for m in msgs if m.stream is Stream.COLLECTIVES)
+    assert isinstance(tr.samples, pa.Table)
+
+
+# -- spec, cli, bench -------------------------------------------------------------------------
+
+
+def test_fault_spec_grammar() -> None:
+    assert parse_faults("none").enabled == {}
+    assert set(parse_faults("all").enabled) == set(FaultKind)
+    assert set(parse_faults("all,-dup,-xid").enabled) == set(FaultKind) - {
+        FaultKind.DUP,
+        FaultKind.XID,
+    }
+    s = parse_faults("dup,pfc_storm:leaf=leaf-p0-r3,port=2,start=20,dur=15,xid:count=3")
+    assert s.enabled[FaultKind.PFC_STORM] == {
+        "leaf": "leaf-p0-r3",
+        "port": "2",
+        "start": "20",
+        "dur": "15",
+    }
+    assert s.enabled[FaultKind.XID] == {"count": "3"} and s.enabled[FaultKind.DUP] == {}
+    for bad in ("bogus", "port=2", "xid:count"):
+        with pytest.raises(ConfigError):
+            parse_faults(bad)
+    with pytest.raises(ConfigError):
+        parse_faults("dup:rate=lots").fparam(FaultKind.DUP, "rate", 0.1)
+
+
+def test_parse_duration() -> None:
+    assert parse_duration_ns("1s") == S and parse_duration_ns("500ms") == S // 2
+    assert parse_duration_ns("2") == 2 * S
+    with pytest.raises(ConfigError):
+        parse_duration_ns("soon")
+
+
+def test_bench_generate_reports_samples_per_second() -> None:
+    rate = bench_generate(16, 3)
+    print(f"\nbench_generate(16 nodes, 3 ticks): {rate:,.0f} samples/s (generate + encode)")
+    assert rate > 50_000
