@@ -19,7 +19,13 @@ from schemas.errors import BrokerError, ConfigError, RefineryError
 from services.settings import RefinerySettings, load_settings
 
 # Modules that contribute sub-commands through ``add_parser(subparsers)``.
-COMMAND_MODULES: tuple[str, ...] = ()
+COMMAND_MODULES: tuple[str, ...] = (
+    "services.exporters.node_cli",
+    "services.exporters.firmware_cli",
+    "services.exporters.nccl_cli",
+    "services.topology.cli",
+    "services.worker.cli",
+)
 
 Handler = Callable[[argparse.Namespace, RefinerySettings], int]
 

@@ -1,0 +1,75 @@
+"""Clock alignment for discrete records: events and NCCL collective records.
+
+Samples go through :func:`pipelines.refine.refine_batch`; events and collectives need less
+(no counters, no overlap) but the same clock: each record keeps ``ts_source`` and gets the
+aligned ``ts`` with the offset and error bound applied, plus its node and lineage, so that
+detectors and the lake join them to samples on one time axis.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pipelines.clock import ClockEstimate, align
+from schemas.wire import COLLECTIVES_SCHEMA, EVENTS_SCHEMA, Batch, PayloadKind
+
+
+def _lineage_fields() -> list[pa.Field]:
+    return [
+        pa.field("node", pa.string(), nullable=False),
+        pa.field("ts", pa.int64(), nullable=False),
+        pa.field("ts_source", pa.int64(), nullable=False),
+        pa.field("clock_offset_ns", pa.int64(), nullable=False),
+        pa.field("clock_error_ns", pa.int64(), nullable=False),
+        pa.field("exporter", pa.string(), nullable=False),
+        pa.field("boot_id", pa.string(), nullable=False),
+        pa.field("seq", pa.int64(), nullable=False),
+        pa.field("raw_partition", pa.int32(), nullable=False),
+        pa.field("raw_offset", pa.int64(), nullable=False),
+    ]
+
+
+def _aligned_schema(payload: pa.Schema) -> pa.Schema:
+    extra = _lineage_fields()
+    names = {f.name for f in extra}
+    return pa.schema([*extra, *(f for f in payload if f.name not in names and f.name != "ts_ns")])
+
+
+ALIGNED_EVENTS_SCHEMA = _aligned_schema(EVENTS_SCHEMA)
+ALIGNED_COLLECTIVES_SCHEMA = _aligned_schema(COLLECTIVES_SCHEMA).append(
+    pa.field("end_ts", pa.int64())
+)
+ALIGNED_SCHEMAS = {
+    PayloadKind.EVENTS: ALIGNED_EVENTS_SCHEMA,
+    PayloadKind.COLLECTIVES: ALIGNED_COLLECTIVES_SCHEMA,
+}
+
+
+def align_records(batch: Batch, estimate: ClockEstimate, position: tuple[int, int]) -> pa.Table:
+    """The batch's rows on the common clock, with lineage. ``ts = ts_source - offset``."""
+    env = batch.envelope
+    t = batch.table
+    n = t.num_rows
+    schema = ALIGNED_SCHEMAS[env.kind]
+    ts_source = t.column("ts_ns")
+    ts, offset, error = align(ts_source, estimate)
+    cols: dict[str, pa.Array | pa.ChunkedArray] = {
+        "node": pa.repeat(pa.scalar(env.source.node), n),
+        "ts": ts,
+        "ts_source": ts_source,
+        "clock_offset_ns": offset,
+        "clock_error_ns": pa.repeat(pa.scalar(error, pa.int64()), n),
+        "exporter": pa.repeat(pa.scalar(env.source.exporter), n),
+        "boot_id": pa.repeat(pa.scalar(env.source.boot_id), n),
+        "seq": pa.repeat(pa.scalar(env.seq, pa.int64()), n),
+        "raw_partition": pa.repeat(pa.scalar(position[0], pa.int32()), n),
+        "raw_offset": pa.repeat(pa.scalar(position[1], pa.int64()), n),
+    }
+    if env.kind is PayloadKind.COLLECTIVES:
+        end = t.column("end_ns")
+        cols["end_ts"] = pc.subtract(end, pc.subtract(ts_source, ts))
+    for f in schema:
+        if f.name not in cols:
+            cols[f.name] = t.column(f.name)
+    return pa.Table.from_arrays([cols[f.name] for f in schema], schema=schema)

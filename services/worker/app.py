@@ -1,0 +1,327 @@
+"""The refining worker: a Faust app built by :func:`build_app` (no module-level App).
+
+Agents, each a thin shim over :class:`services.worker.refiner.Refiner`:
+
+- ``refine``: telemetry.raw → telemetry.refined, telemetry.deadletter, telemetry.accounting,
+  telemetry.alerts (clock). State in the changelog-backed tables ``refine-streams`` (per
+  source stream) and ``refine-nodes`` (per node, overlapping sources).
+- ``align``: telemetry.events + telemetry.collectives → telemetry.events.aligned /
+  telemetry.collectives.aligned, same contract; state in ``align-streams``.
+
+Per group of records (``take_events``): process each, publish the outputs and wait for their
+acknowledgements, write the changed state to the tables and flush the producer — only then
+does Faust ack the records and later commit their offsets. So a crash anywhere replays
+records whose outputs were either never published (recomputed identically from the older
+state) or already published and remembered in the state (skipped as ``replay``).
+
+A failing agent crashes the worker (``CrashingSupervisor``): the process exits non-zero
+instead of running on without committing. ``/health`` on the web port answers 200 while
+groups complete (or nothing waits), 503 when progress has stalled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import faust
+from mode import CrashingSupervisor
+
+from pipelines.enrich import TopologyIndex
+from pipelines.refine import RefineSettings
+from schemas.catalog import Catalog, default_catalog
+from services.settings import KafkaSettings
+from services.telemetry import ServiceTelemetry
+from services.worker.feed import TopologyFeed
+from services.worker.refiner import Outcome, OutputTopics, RawRecord, Refiner
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class InputTopics:
+    raw: str = "telemetry.raw"
+    events: str = "telemetry.events"
+    collectives: str = "telemetry.collectives"
+    topology: str = "topology"
+    jobs: str = "jobs"
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    app_id: str = "refinery-worker"
+    inputs: InputTopics = field(default_factory=InputTopics)
+    outputs: OutputTopics = field(default_factory=OutputTopics)
+    raw_partitions: int = 8
+    record_partitions: int = 4  # events and collectives (co-partitioned)
+    replication_factor: int = 1
+    data_dir: Path = Path(".refinery/worker")
+    web_port: int | None = 6066
+    take_max: int = 2000
+    take_within_s: float = 0.25
+    stall_after_s: float = 30.0
+    refine: RefineSettings = field(default_factory=lambda: RefineSettings(seq_window=512))
+
+
+class Progress:
+    """What /health reports: whether groups keep completing while input waits."""
+
+    def __init__(self) -> None:
+        self.last_group_done = time.monotonic()
+        self.last_group_started = 0.0
+        self.groups = 0
+        self.records = 0
+
+    def healthy(self, stall_after_s: float) -> bool:
+        busy = self.last_group_started > self.last_group_done
+        return not (busy and time.monotonic() - self.last_group_started > stall_after_s)
+
+
+def build_app(
+    kafka: KafkaSettings,
+    cfg: WorkerConfig,
+    telemetry: ServiceTelemetry,
+    catalog: Catalog | None = None,
+) -> faust.App:
+    """A configured Faust app with the refining agents; run it with :func:`run_worker`."""
+    cat = catalog or default_catalog()
+    app = faust.App(
+        cfg.app_id,
+        broker=kafka.faust_broker(),
+        broker_credentials=_credentials(kafka),
+        store="memory://",
+        autodiscover=False,
+        datadir=str(cfg.data_dir),
+        key_serializer="raw",
+        value_serializer="raw",
+        topic_partitions=cfg.raw_partitions,
+        topic_replication_factor=cfg.replication_factor,
+        topic_allow_declare=True,
+        broker_commit_interval=1.0,
+        consumer_auto_offset_reset="earliest",
+        consumer_max_fetch_size=32 * 1024 * 1024,
+        producer_max_request_size=32 * 1024 * 1024,
+        producer_acks=-1,
+        producer_linger_ms=5,
+        stream_buffer_maxsize=8192,
+        web_enabled=cfg.web_port is not None,
+        web_port=cfg.web_port or 6066,
+        web_bind="127.0.0.1",
+        web_host="127.0.0.1",
+    )
+    progress = Progress()
+    feed = TopologyFeed(kafka.librdkafka(), cfg.inputs.topology, cfg.inputs.jobs)
+    index_cache: dict[str, Any] = {"version": -1, "index": TopologyIndex([], [])}
+
+    def topology() -> TopologyIndex:
+        version, entities, jobs = feed.snapshot()
+        if version != index_cache["version"]:
+            index_cache["index"] = TopologyIndex(entities, jobs)
+            index_cache["version"] = version
+        index: TopologyIndex = index_cache["index"]
+        return index
+
+    def raw_topic(name: str, partitions: int) -> Any:
+        return app.topic(
+            name,
+            key_type=bytes,
+            value_type=bytes,
+            key_serializer="raw",
+            value_serializer="raw",
+            partitions=partitions,
+            acks=False,
+        )
+
+    def table(name: str, partitions: int) -> Any:
+        return app.Table(
+            name, default=None, partitions=partitions, key_serializer="raw", value_serializer="raw"
+        )
+
+    refine_streams = table("refine-streams", cfg.raw_partitions)
+    refine_nodes = table("refine-nodes", cfg.raw_partitions)
+    align_streams = table("align-streams", cfg.record_partitions)
+
+    def loader(t: Any) -> Any:
+        def load(key: str) -> bytes | None:
+            v = t.get(key.encode())
+            return bytes(v) if v is not None else None
+
+        return load
+
+    refiner = Refiner(
+        cat, cfg.outputs, topology, loader(refine_streams), loader(refine_nodes), cfg.refine
+    )
+    aligner = Refiner(cat, cfg.outputs, topology, loader(align_streams), lambda _: None, cfg.refine)
+
+    async def run_groups(
+        stream: Any, proc: Refiner, stream_table: Any, node_table: Any | None
+    ) -> AsyncIterator[None]:
+        async for events in stream.take_events(cfg.take_max, within=cfg.take_within_s):
+            progress.last_group_started = time.monotonic()
+            now = time.time_ns()
+            last_for: dict[str, Any] = {}
+            futures: list[Any] = []
+            with telemetry.span("refine.group", {"records": len(events)}):
+                for ev in events:
+                    m = ev.message
+                    rec = RawRecord(
+                        topic=m.topic,
+                        partition=m.partition,
+                        offset=m.offset,
+                        key=m.key,
+                        value=m.value,
+                        headers=_headers(m.headers),
+                        append_ms=round(m.timestamp * 1000),
+                    )
+                    out = proc.process(rec, now)
+                    _record(telemetry, out, rec)
+                    for msg in out.messages:
+                        futures.append(
+                            await app.producer.send(
+                                msg.topic, msg.key, msg.value, None, None, msg.headers
+                            )
+                        )
+                    if out.stream is not None:
+                        last_for[out.stream] = ev
+                        last_for["node:" + out.stream.split("|", 1)[0]] = ev
+                if futures:
+                    await asyncio.gather(*futures)  # outputs acknowledged first
+                streams, nodes = proc.dirty_blobs()
+                for key, blob in streams.items():
+                    stream._set_current_event(last_for[key])
+                    stream_table[key.encode()] = blob
+                if node_table is not None:
+                    for node, blob in nodes.items():
+                        stream._set_current_event(last_for["node:" + node])
+                        node_table[node.encode()] = blob
+                stream._set_current_event(None)
+                await app.producer.flush()  # then the state; Faust acks the group after
+            progress.groups += 1
+            progress.records += len(events)
+            progress.last_group_done = time.monotonic()
+            yield None
+
+    @app.agent(
+        raw_topic(cfg.inputs.raw, cfg.raw_partitions), supervisor_strategy=CrashingSupervisor
+    )
+    async def refine(stream: Any) -> None:
+        async for _ in run_groups(stream, refiner, refine_streams, refine_nodes):
+            pass
+
+    records_in = app.topic(
+        cfg.inputs.events,
+        cfg.inputs.collectives,
+        key_type=bytes,
+        value_type=bytes,
+        key_serializer="raw",
+        value_serializer="raw",
+        partitions=cfg.record_partitions,
+        acks=False,
+    )
+
+    @app.agent(records_in, supervisor_strategy=CrashingSupervisor)
+    async def align(stream: Any) -> None:
+        async for _ in run_groups(stream, aligner, align_streams, None):
+            pass
+
+    @app.on_partitions_revoked.connect  # type: ignore[arg-type]
+    async def on_revoked(app_: Any, revoked: Any, **kwargs: Any) -> None:
+        # another worker may own these now: state must come back from the tables
+        refiner.forget()
+        aligner.forget()
+
+    @app.task  # type: ignore[untyped-decorator]
+    async def start_feed() -> None:
+        feed.start()
+        caught = await asyncio.get_running_loop().run_in_executor(None, feed.wait_caught_up, 60)
+        if feed.error is not None:
+            raise RuntimeError(f"topology feed failed: {feed.error}")
+        log.info("topology feed %s", "caught up" if caught else "not caught up after 60 s")
+
+    @app.timer(interval=5.0)  # type: ignore[untyped-decorator]
+    async def watch() -> None:
+        if feed.error is not None:
+            raise RuntimeError(f"topology feed failed: {feed.error}")
+        telemetry.gauge("worker.groups", progress.groups)
+        telemetry.gauge("worker.healthy", 1.0 if progress.healthy(cfg.stall_after_s) else 0.0)
+
+    @app.page("/health")
+    async def health(web: Any, request: Any) -> Any:
+        ok = progress.healthy(cfg.stall_after_s)
+        body = {
+            "healthy": ok,
+            "groups": progress.groups,
+            "records": progress.records,
+            "since_last_group_s": round(time.monotonic() - progress.last_group_done, 1),
+        }
+        return web.json(body, status=200 if ok else 503)
+
+    @app.page("/metrics")
+    async def metrics(web: Any, request: Any) -> Any:
+        return web.text(telemetry.prometheus_text())
+
+    app.refinery_feed = feed  # type: ignore[attr-defined]
+    return app
+
+
+def _headers(h: Any) -> list[tuple[str, bytes]]:
+    if not h:
+        return []
+    items = h.items() if isinstance(h, dict) else h
+    return [(str(k), v if isinstance(v, bytes) else str(v).encode()) for k, v in items]
+
+
+def _record(t: ServiceTelemetry, out: Outcome, rec: RawRecord) -> None:
+    t.count("refinery.records", 1, {"outcome": out.outcome, "topic": rec.topic})
+    t.count("refinery.samples.in", out.input_samples)
+    t.count("refinery.samples.refined", out.refined)
+    t.count("refinery.samples.duplicate", out.duplicate)
+    t.count("refinery.samples.quarantined", out.quarantined)
+    for reason, n in out.reasons.items():
+        t.count("refinery.deadletter", n, {"reason": reason})
+    t.record("refinery.batch.samples", out.input_samples)
+    if out.freshness_ns is not None:
+        t.record("refinery.freshness", out.freshness_ns / 1e9, unit="s")
+    if out.stream is not None and out.clock_offset_ns is not None:
+        t.gauge("refinery.clock.offset_ns", out.clock_offset_ns, {"source": out.stream})
+
+
+def _credentials(kafka: KafkaSettings) -> Any:
+    if kafka.security_protocol == "PLAINTEXT":
+        return None
+    import ssl
+
+    ctx = None
+    if kafka.security_protocol.endswith("SSL"):
+        ctx = ssl.create_default_context(
+            cafile=str(kafka.ssl_ca_location) if kafka.ssl_ca_location else None
+        )
+        if kafka.ssl_cert_location and kafka.ssl_key_location:
+            ctx.load_cert_chain(
+                str(kafka.ssl_cert_location),
+                str(kafka.ssl_key_location),
+                kafka.ssl_key_password.get_secret_value() if kafka.ssl_key_password else None,
+            )
+    if kafka.security_protocol.startswith("SASL"):
+        return faust.SASLCredentials(
+            username=kafka.sasl_username or "",
+            password=kafka.sasl_password.get_secret_value() if kafka.sasl_password else "",
+            mechanism=kafka.sasl_mechanism,
+            ssl_context=ctx,
+        )
+    return faust.SSLCredentials(ctx)
+
+
+def run_worker(app: faust.App, loglevel: str = "warning") -> int:
+    """Run until SIGTERM/SIGINT (clean shutdown, exit 0) or a crash (non-zero exit)."""
+    worker = faust.Worker(app, loglevel=loglevel, quiet=True)
+    try:
+        worker.execute_from_commandline()
+    except SystemExit as e:
+        return int(e.code or 0)
+    return 0

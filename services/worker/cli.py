@@ -1,0 +1,97 @@
+"""``refinery worker``: run the refining Faust worker (several may join one group)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+from services.settings import RefinerySettings
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "worker",
+        help="run the refining worker (raw → refined, dead letters, accounting, clock alerts)",
+        description="Run the Faust refining worker until SIGTERM/Ctrl-C. Several workers with "
+        "the same --app-id share the partitions of the input topics.",
+    )
+    p.add_argument("--app-id", default="refinery-worker", help="consumer group / app id")
+    p.add_argument("--topic-prefix", default="", help="prefix of every topic name (tests)")
+    p.add_argument(
+        "--raw-partitions",
+        type=int,
+        default=None,
+        help="partitions of telemetry.raw (default: read from the cluster)",
+    )
+    p.add_argument("--web-port", type=int, default=6066, help="/health and /metrics (0: off)")
+    p.add_argument("--data-dir", help="worker state directory (default $REFINERY_HOME/worker)")
+    p.add_argument("--loglevel", default="warning")
+    p.set_defaults(handler=run)
+
+
+def _partitions(conf: dict[str, Any], topic: str, default: int) -> int:
+    from confluent_kafka.admin import AdminClient
+
+    md = AdminClient({**conf, "log_level": 3}).list_topics(topic, timeout=15)
+    t = md.topics.get(topic)
+    if t is None or t.error is not None or not t.partitions:
+        return default
+    return len(t.partitions)
+
+
+def run(args: argparse.Namespace, settings: RefinerySettings) -> int:
+    from services.telemetry import ServiceTelemetry
+    from services.worker.app import InputTopics, WorkerConfig, build_app, run_worker
+    from services.worker.refiner import OutputTopics
+
+    logging.basicConfig(
+        level=args.loglevel.upper(),
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    kafka = settings.kafka()
+    pre = args.topic_prefix
+    inputs = InputTopics(
+        *(
+            pre + t
+            for t in (
+                "telemetry.raw",
+                "telemetry.events",
+                "telemetry.collectives",
+                "topology",
+                "jobs",
+            )
+        )
+    )
+    outputs = OutputTopics(
+        *(
+            pre + t
+            for t in (
+                "telemetry.refined",
+                "telemetry.events.aligned",
+                "telemetry.collectives.aligned",
+                "telemetry.deadletter",
+                "telemetry.accounting",
+                "telemetry.alerts",
+            )
+        )
+    )
+    conf = kafka.librdkafka()
+    cfg = WorkerConfig(
+        app_id=args.app_id,
+        inputs=inputs,
+        outputs=outputs,
+        raw_partitions=args.raw_partitions or _partitions(conf, inputs.raw, 8),
+        record_partitions=_partitions(conf, inputs.events, 4),
+        data_dir=Path(args.data_dir) if args.data_dir else settings.home / "worker",
+        web_port=args.web_port or None,
+    )
+    telemetry = ServiceTelemetry("worker", otlp_endpoint=settings.otlp_endpoint)
+    app = build_app(kafka, cfg, telemetry)
+    try:
+        return run_worker(app, loglevel=args.loglevel)
+    finally:
+        telemetry.shutdown()

@@ -1,0 +1,388 @@
+"""The refining step of the worker, independent of Faust: one raw Kafka record in, the
+messages to publish out, state changes recorded for the next checkpoint.
+
+:class:`Refiner` decodes a record (either wire encoding), routes samples through
+:func:`pipelines.refine.refine_batch` and events/collectives through
+:func:`pipelines.aligned.align_records`, and returns :class:`OutMessage` values for the
+refined, aligned, dead-letter, accounting and alert topics. Every input record produces
+exactly one accounting message (outcome ``refined``, ``duplicate``, ``replay`` or
+``deadletter``) so the invariant ``input = refined + deduplicated + quarantined`` can be
+checked per raw partition.
+
+State is loaded lazily per stream and node through the ``load_stream``/``load_node``
+callables (the Faust tables) and written back by the caller at checkpoints from
+:meth:`Refiner.dirty_blobs`. A record whose (source, seq) was already processed *at the same
+Kafka position* is a replay after a crash: its outputs were published before the state that
+remembers it was checkpointed (the worker flushes outputs first), so it is skipped — outcome
+``replay`` — and nothing is published twice.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+
+from pipelines.aligned import align_records
+from pipelines.clock import ClockEstimator
+from pipelines.dedupe import SeqWindow
+from pipelines.enrich import TopologyIndex
+from pipelines.refine import RefineResult, RefineSettings, RefineState, refine_batch
+from schemas.catalog import Catalog
+from schemas.codec import ARROW, content_type_of, decode
+from schemas.errors import RejectedInput
+from schemas.records import Alert, AlertState, DeadLetter, Severity
+from schemas.wire import Batch, PayloadKind
+from services.worker.state import StreamState, decode_overlap, encode_overlap
+
+LINEAGE_KEY = b"refinery.lineage"
+
+
+@dataclass(frozen=True)
+class RawRecord:
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: list[tuple[str, bytes]]
+    append_ms: int  # broker LogAppendTime (ms)
+
+
+@dataclass(frozen=True)
+class OutMessage:
+    topic: str
+    key: bytes
+    value: bytes
+    headers: list[tuple[str, bytes]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class OutputTopics:
+    refined: str = "telemetry.refined"
+    events: str = "telemetry.events.aligned"
+    collectives: str = "telemetry.collectives.aligned"
+    deadletter: str = "telemetry.deadletter"
+    accounting: str = "telemetry.accounting"
+    alerts: str = "telemetry.alerts"
+
+
+@dataclass
+class Outcome:
+    messages: list[OutMessage]
+    outcome: str  # refined | duplicate | replay | deadletter
+    input_samples: int
+    refined: int
+    duplicate: int
+    quarantined: int
+    reasons: dict[str, int]
+    stream: str | None
+    clock_offset_ns: int | None
+    freshness_ns: int | None  # broker append time - newest aligned ts
+
+
+def arrow_bytes(table: pa.Table, metadata: dict[bytes, bytes] | None = None) -> bytes:
+    sink = pa.BufferOutputStream()
+    schema = table.schema.with_metadata(metadata) if metadata else table.schema
+    with pa.ipc.new_stream(sink, schema) as w:
+        w.write_table(table)
+    return bytes(sink.getvalue().to_pybytes())
+
+
+class Refiner:
+    """Stateful record processor. Not thread-safe; one per worker process."""
+
+    def __init__(
+        self,
+        catalog: Catalog,
+        topics: OutputTopics,
+        topology: Callable[[], TopologyIndex],
+        load_stream: Callable[[str], bytes | None],
+        load_node: Callable[[str], bytes | None],
+        settings: RefineSettings | None = None,
+    ) -> None:
+        self.catalog = catalog
+        self.topics = topics
+        self._topology = topology
+        self._load_stream = load_stream
+        self._load_node = load_node
+        self.settings = settings or RefineSettings(seq_window=512)
+        self.state = RefineState()
+        self._loaded_streams: dict[str, str] = {}  # stream key -> current source key
+        self._loaded_nodes: set[str] = set()
+        self._flagged: dict[str, bool] = {}
+        self._onsets: dict[str, int] = {}
+        self._dirty_streams: set[str] = set()
+        self._dirty_nodes: set[str] = set()
+
+    # -- state ------------------------------------------------------------------------------
+
+    def forget(self) -> None:
+        """Drop in-memory state (partitions were revoked); it reloads from the tables."""
+        self.state = RefineState()
+        self._loaded_streams.clear()
+        self._loaded_nodes.clear()
+        self._flagged.clear()
+        self._dirty_streams.clear()
+        self._dirty_nodes.clear()
+
+    def _ensure(self, batch: Batch) -> None:
+        src = batch.envelope.source
+        stream, key = src.stream_key(), src.key()
+        if stream not in self._loaded_streams:
+            blob = self._load_stream(stream)
+            if blob is not None:
+                ss = StreamState.decode(blob, self.settings.clock)
+                if ss.seqs is not None and ss.boot_id is not None:
+                    self.state.seqs[f"{stream}|{ss.boot_id}"] = ss.seqs
+                if ss.clock is not None:
+                    self.state.clocks[stream] = ss.clock
+                self.state.counters[stream] = ss.counters
+                if ss.watermark is not None:
+                    self.state.watermarks[stream] = ss.watermark
+                self._flagged[stream] = ss.clock_flagged
+            self._loaded_streams[stream] = key
+        elif self._loaded_streams[stream] != key:
+            self._loaded_streams[stream] = key  # a new boot of the source
+        if src.node not in self._loaded_nodes:
+            blob = self._load_node(src.node)
+            if blob is not None:
+                self.state.overlaps[src.node] = decode_overlap(blob)
+            self._loaded_nodes.add(src.node)
+
+    def dirty_blobs(self) -> tuple[dict[str, bytes], dict[str, bytes]]:
+        """(stream key → blob, node → blob) changed since the last call."""
+        streams = {}
+        for stream in self._dirty_streams:
+            key = self._loaded_streams[stream]
+            streams[stream] = StreamState(
+                boot_id=key.rsplit("|", 1)[1],
+                seqs=self.state.seqs.get(key),
+                clock=self.state.clocks.get(stream),
+                counters=self.state.counters.get(stream) or StreamState().counters,
+                watermark=self.state.watermarks.get(stream),
+                clock_flagged=self._flagged.get(stream, False),
+            ).encode()
+        nodes = {
+            n: encode_overlap(self.state.overlaps[n])
+            for n in self._dirty_nodes
+            if n in self.state.overlaps
+        }
+        self._dirty_streams.clear()
+        self._dirty_nodes.clear()
+        return streams, nodes
+
+    # -- processing -------------------------------------------------------------------------
+
+    def process(self, rec: RawRecord, now_ns: int) -> Outcome:
+        """Everything one raw record turns into. Raises only on a bug."""
+        ct = content_type_of(rec.headers)
+        try:
+            batch = decode(rec.value, ct)
+        except RejectedInput as e:
+            return self._reject_record(rec, ct, e, now_ns)
+        self._ensure(batch)
+        src = batch.envelope.source
+        position = (rec.partition, rec.offset)
+        window = self.state.seqs.get(src.key())
+        if window is not None and window.positions.get(batch.envelope.seq) == position:
+            n = batch.table.num_rows
+            return Outcome([], "replay", n, 0, 0, 0, {}, src.stream_key(), None, None)
+        if batch.envelope.kind is PayloadKind.SAMPLES:
+            return self._samples(rec, batch, now_ns)
+        return self._records(rec, batch, now_ns)
+
+    def _samples(self, rec: RawRecord, batch: Batch, now_ns: int) -> Outcome:
+        src = batch.envelope.source
+        position = (rec.partition, rec.offset)
+        r = refine_batch(
+            batch,
+            position,
+            rec.append_ms * 1_000_000,
+            self.state,
+            self.catalog,
+            self._topology(),
+            now_ns,
+            self.settings,
+        )
+        self._dirty_streams.add(src.stream_key())
+        self._dirty_nodes.add(src.node)
+        msgs: list[OutMessage] = []
+        reasons: dict[str, int] = {}
+        key = src.node.encode()
+        if r.refined.num_rows:
+            header = r.header(rec.topic, batch, position).model_dump_json().encode()
+            msgs.append(
+                OutMessage(
+                    self.topics.refined,
+                    key,
+                    arrow_bytes(r.refined, {LINEAGE_KEY: header}),
+                    [("content-type", ARROW.encode()), ("lineage", header)],
+                )
+            )
+        for i, group in enumerate(r.dead_letters):
+            reasons[group.reason.value] = reasons.get(group.reason.value, 0) + group.count
+            dl = DeadLetter(
+                reason=group.reason,
+                detail=group.detail[:1024],
+                topic=rec.topic,
+                partition=rec.partition,
+                offset=rec.offset,
+                node=src.node,
+                content_type=content_type_of(rec.headers),
+                scope="samples",
+                samples=group.count,
+                rows=group.rows,
+                original_b64=base64.b64encode(rec.value or b"").decode() if i == 0 else None,
+                ts_ns=now_ns,
+            )
+            msgs.append(OutMessage(self.topics.deadletter, key, dl.model_dump_json().encode()))
+        msgs.append(
+            self._accounting(
+                rec, r.outcome, r.input, r.refined_count, r.duplicate, r.quarantined, src.node
+            )
+        )
+        msgs += self._clock_alert(src.stream_key(), src.node, r, now_ns, rec)
+        fresh = None
+        if r.refined.num_rows:
+            newest = pa.compute.max(r.refined.column("ts")).as_py()
+            fresh = rec.append_ms * 1_000_000 - int(newest)
+        return Outcome(
+            msgs,
+            r.outcome,
+            r.input,
+            r.refined_count,
+            r.duplicate,
+            r.quarantined,
+            reasons,
+            src.stream_key(),
+            r.clock.offset_ns if r.clock else None,
+            fresh,
+        )
+
+    def _records(self, rec: RawRecord, batch: Batch, now_ns: int) -> Outcome:
+        src = batch.envelope.source
+        stream = src.stream_key()
+        position = (rec.partition, rec.offset)
+        n = batch.table.num_rows
+        window = self.state.seqs.get(src.key())
+        if window is None:
+            window = self.state.seqs[src.key()] = SeqWindow(window=self.settings.seq_window)
+        self._dirty_streams.add(stream)
+        if window.observe(batch.envelope.seq, position).is_duplicate:
+            acc = self._accounting(rec, "duplicate", n, 0, n, 0, src.node)
+            return Outcome([acc], "duplicate", n, 0, n, 0, {}, stream, None, None)
+        clock = self.state.clocks.get(stream)
+        if clock is None:
+            clock = self.state.clocks[stream] = ClockEstimator(self.settings.clock)
+        est = clock.observe(batch.envelope.sent_ns, rec.append_ms * 1_000_000, batch.envelope.clock)
+        table = align_records(batch, est, position)
+        topic = (
+            self.topics.events
+            if batch.envelope.kind is PayloadKind.EVENTS
+            else self.topics.collectives
+        )
+        key = rec.key or src.node.encode()
+        msgs = [OutMessage(topic, key, arrow_bytes(table), [("content-type", ARROW.encode())])]
+        msgs.append(self._accounting(rec, "refined", n, n, 0, 0, src.node))
+        return Outcome(msgs, "refined", n, n, 0, 0, {}, stream, est.offset_ns, None)
+
+    # -- outputs ----------------------------------------------------------------------------
+
+    def _reject_record(
+        self, rec: RawRecord, ct: str | None, e: RejectedInput, now_ns: int
+    ) -> Outcome:
+        node = rec.key.decode("utf-8", "replace")[:128] if rec.key else None
+        dl = DeadLetter(
+            reason=e.reason,
+            detail=e.detail[:1024],
+            topic=rec.topic,
+            partition=rec.partition,
+            offset=rec.offset,
+            node=node,
+            content_type=ct,
+            scope="record",
+            samples=0,
+            original_b64=base64.b64encode(rec.value or b"").decode(),
+            ts_ns=now_ns,
+        )
+        key = rec.key or b""
+        msgs = [
+            OutMessage(self.topics.deadletter, key, dl.model_dump_json().encode()),
+            self._accounting(rec, "deadletter", 0, 0, 0, 0, node, reason=e.reason.value),
+        ]
+        return Outcome(msgs, "deadletter", 0, 0, 0, 0, {e.reason.value: 1}, None, None, None)
+
+    def _accounting(
+        self,
+        rec: RawRecord,
+        outcome: str,
+        n: int,
+        refined: int,
+        dup: int,
+        quarantined: int,
+        node: str | None,
+        reason: str | None = None,
+    ) -> OutMessage:
+        doc = {
+            "raw_topic": rec.topic,
+            "raw_partition": rec.partition,
+            "raw_offset": rec.offset,
+            "node": node,
+            "outcome": outcome,
+            "reason": reason,
+            "input_samples": n,
+            "refined_samples": refined,
+            "duplicate_samples": dup,
+            "quarantined_samples": quarantined,
+            "append_ms": rec.append_ms,
+        }
+        return OutMessage(
+            self.topics.accounting,
+            str(rec.partition).encode(),
+            json.dumps(doc, separators=(",", ":")).encode(),
+        )
+
+    def _clock_alert(
+        self, stream: str, node: str, r: RefineResult, now_ns: int, rec: RawRecord
+    ) -> list[OutMessage]:
+        if r.clock is None:
+            return []
+        was = self._flagged.get(stream, False)
+        if r.clock_alert == was:
+            return []
+        self._flagged[stream] = r.clock_alert
+        onset = self._flag_onset(stream, r.clock_alert, now_ns)
+        aid = hashlib.sha1(f"clock_offset|{stream}|{onset}".encode()).hexdigest()[:20]
+        alert = Alert(
+            id=aid,
+            rule="clock_offset",
+            state=AlertState.FIRING if r.clock_alert else AlertState.RESOLVED,
+            severity=Severity.WARNING,
+            entity=stream,
+            node=node,
+            starts_ns=onset,
+            ends_ns=None if r.clock_alert else now_ns,
+            summary=(
+                f"clock of {stream} is off by {r.clock.offset_ns / 1e9:+.3f} s "
+                f"(±{r.clock.error_ns / 1e6:.1f} ms)"
+            ),
+            evidence={
+                "offset_ns": r.clock.offset_ns,
+                "error_ns": r.clock.error_ns,
+                "drift_ppm": r.clock.drift_ppm,
+            },
+            emitted_ns=now_ns,
+        )
+        return [OutMessage(self.topics.alerts, stream.encode(), alert.model_dump_json().encode())]
+
+    def _flag_onset(self, stream: str, firing: bool, now_ns: int) -> int:
+        # the id must be stable across a replay: derive it from the stream and the second
+        # the condition began, remembered while it lasts
+        if firing:
+            self._onsets[stream] = now_ns // 1_000_000_000 * 1_000_000_000
+        return self._onsets.pop(stream, now_ns) if not firing else self._onsets[stream]
