@@ -1,0 +1,307 @@
+"""Evaluate sample rules (threshold, bitmask, sample-borne events) and event rules.
+
+Hot path: per rule, one vectorized filter of the refined batch, one classification, one sort
+by (series, ts), and one vectorized pass that keeps only the rows where a series' class
+changes (run starts and ends). Python then walks those few rows — about one or two per
+series per batch — through each series' :class:`~pipelines.alerts.Hysteresis`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pipelines._arrow import Array, column, nxt, prev, true_mask, where
+from pipelines.alerts import HI, LO, AlertBook, Firing, alert_id, classify
+from pipelines.rule_config import BitmaskRule, EventRule, ThresholdRule, render
+from pipelines.xid import xid_info
+from schemas.catalog import Catalog
+from schemas.records import Alert, Lineage
+
+_ROW_COLS = ("node", "device", "ts", "job", "raw_partition", "raw_offset")
+_ENRICH = ("rack", "pod", "leaf", "leaf_port", "spine", "rail", "nic", "gpu", "rank", "unit")
+SEP = "\x1f"
+
+
+def _filter_where(t: pa.Table, where_: dict[str, Any], device_regex: str | None) -> pa.Table:
+    mask = None
+    for col, want in where_.items():
+        if col not in t.column_names:
+            return t.slice(0, 0)
+        vals = want if isinstance(want, list) else [want]
+        arr = column(t, col)
+        vs = pa.array(vals).cast(arr.type) if len(vals) else pa.array([], arr.type)
+        m = pc.is_in(arr, value_set=vs)
+        mask = m if mask is None else pc.and_(mask, m)
+    if device_regex is not None:
+        m = pc.match_substring_regex(column(t, "device"), device_regex)
+        mask = m if mask is None else pc.and_(mask, m)
+    return t if mask is None else t.filter(true_mask(mask))
+
+
+def _runs(t: pa.Table, cls: Array) -> tuple[pa.Table, list[int]]:
+    """Rows of ``t`` (sorted by series, ts) where a series' class starts or ends a run."""
+    key = pc.binary_join_element_wise(column(t, "node"), column(t, "device"), SEP)
+    t = t.append_column("_key", key).append_column("_cls", cls)
+    t = t.sort_by([("_key", "ascending"), ("ts", "ascending")])
+    k, c = column(t, "_key"), column(t, "_cls")
+    start = pc.or_(pc.not_equal(k, prev(k)), pc.not_equal(c, prev(c)))
+    end = pc.or_(pc.not_equal(k, nxt(k)), pc.not_equal(c, nxt(c)))
+    keep = pc.or_(pc.fill_null(start, True), pc.fill_null(end, True))
+    sel = t.take(where(keep))
+    return sel, [int(x) for x in column(sel, "_cls").to_pylist()]
+
+
+def _rows(t: pa.Table) -> list[dict[str, Any]]:
+    cols = [c for c in (*_ROW_COLS, *_ENRICH, "value", "rate", "_key") if c in t.column_names]
+    rows: list[dict[str, Any]] = t.select(cols).to_pylist()
+    return rows
+
+
+def _lin(row: dict[str, Any], topic: str) -> list[Lineage]:
+    p, o = row.get("raw_partition"), row.get("raw_offset")
+    if p is None or o is None:
+        return []
+    return [Lineage(topic=topic, partition=int(p), offset_first=int(o), offset_last=int(o))]
+
+
+def _walk(
+    rule_name: str,
+    for_ns: int,
+    sel: pa.Table,
+    classes: list[int],
+    book: AlertBook,
+    now_ns: int,
+    topic: str,
+    make: Any,
+) -> list[Alert]:
+    """Step each run-boundary row through its series' hysteresis; ``make(row, onset)``
+    returns ``(severity, summary, evidence)`` for a firing alert."""
+    out: list[Alert] = []
+    for row, cls in zip(_rows(sel), classes, strict=True):
+        entity = f"{row['node']}/{row['device']}"
+        if cls != HI and (rule_name, entity) not in book.states:
+            continue
+        st = book.get(rule_name, entity)
+        if row["ts"] < st.last_ts:
+            continue  # late sample: the series already moved past it
+        action = st.step(cls, int(row["ts"]), for_ns, _lin(row, topic))
+        if action == "fire" and st.pending_since is not None:
+            sev, summary, ev = make(row, st.pending_since)
+            lineage = st.pending_lineage
+            f = Firing(
+                id=alert_id(rule_name, entity, st.pending_since),
+                starts_ns=st.pending_since,
+                summary=summary,
+                severity=sev,
+                node=row["node"],
+                device=row["device"],
+                job=row.get("job"),
+                evidence=ev,
+                lineage=lineage,
+            )
+            out.append(book.fire(rule_name, entity, f, now_ns))
+        elif action == "resolve":
+            a = book.resolve(rule_name, entity, int(row["ts"]), now_ns)
+            if a is not None:
+                out.append(a)
+    return out
+
+
+def eval_threshold(
+    rule: ThresholdRule,
+    field: str,
+    table: pa.Table,
+    book: AlertBook,
+    now_ns: int,
+    topic: str,
+) -> list[Alert]:
+    """State changes of ``rule`` over one refined batch."""
+    t = table.filter(pc.equal(column(table, "metric"), rule.metric))
+    t = _filter_where(t, rule.where, rule.device_regex)
+    if t.num_rows == 0:
+        return []
+    t = t.filter(pc.is_valid(column(t, field)))
+    if t.num_rows == 0:
+        return []
+    below = rule.below is not None
+    fire = float(rule.below if below else rule.above)  # type: ignore[arg-type]
+    resolve = fire if rule.resolve is None else rule.resolve
+    sel, classes = _runs(t, classify(column(t, field), fire, resolve, below))
+
+    def make(row: dict[str, Any], onset: int) -> tuple[str, str, dict[str, Any]]:
+        v = row.get(field)
+        vals = {**row, "rule": rule.name, "severity": rule.severity.value}
+        vals |= {"entity": f"{row['node']}/{row['device']}", "metric": rule.metric}
+        vals |= {"value": v, "threshold": fire, "resolve": resolve, "for_s": rule.for_ns / 1e9}
+        ev = {"metric": rule.metric, "field": field, "value": v, "threshold": fire}
+        ev |= {"resolve": resolve, "onset_ns": onset}
+        return rule.severity.value, render(rule.summary, vals), ev
+
+    return _walk(rule.name, rule.for_ns, sel, classes, book, now_ns, topic, make)
+
+
+def eval_bitmask(
+    rule: BitmaskRule,
+    catalog: Catalog,
+    table: pa.Table,
+    book: AlertBook,
+    now_ns: int,
+    topic: str,
+) -> list[Alert]:
+    """Rising edge of any of ``rule.bits`` fires, all clear resolves."""
+    t = table.filter(pc.equal(column(table, "metric"), rule.metric))
+    t = _filter_where(t, rule.where, None)
+    t = t.filter(pc.is_valid(column(t, "value"))) if t.num_rows else t
+    if t.num_rows == 0:
+        return []
+    m = catalog[rule.metric]
+    want = {name for name in rule.bits}
+    mask = sum(1 << b for b, n in m.bits.items() if n in want)
+    hit = pc.not_equal(pc.bit_wise_and(pc.cast(column(t, "value"), pa.int64()), mask), 0)
+    cls = pc.if_else(hit, pa.scalar(HI, pa.int8()), pa.scalar(LO, pa.int8()))
+    sel, classes = _runs(t, cls)
+
+    def make(row: dict[str, Any], onset: int) -> tuple[str, str, dict[str, Any]]:
+        v = int(row["value"])
+        names = [n for n in m.decode_bits(v) if n in want]
+        vals = {**row, "rule": rule.name, "severity": rule.severity.value}
+        vals |= {"entity": f"{row['node']}/{row['device']}", "metric": rule.metric}
+        vals |= {"value": f"0x{v:x}", "reasons": ",".join(names)}
+        ev = {"metric": rule.metric, "value": v, "reasons": m.decode_bits(v), "onset_ns": onset}
+        return rule.severity.value, render(rule.summary, vals), ev
+
+    return _walk(rule.name, rule.for_ns, sel, classes, book, now_ns, topic, make)
+
+
+def _event_alert(
+    rule: EventRule,
+    book: AlertBook,
+    node: str,
+    device: str,
+    ts: int,
+    code: int | None,
+    message: str | None,
+    now_ns: int,
+    lineage: list[Lineage],
+) -> Alert | None:
+    entity = f"{node}/{device}"
+    key = entity if rule.resolve_on or rule.event == "throttle" else f"{entity}#{code}@{ts}"
+    if book.is_firing(rule.name, key):
+        return None  # still open (a second link_down before link_up is the same outage)
+    meaning = ""
+    sev = rule.severity.value
+    if rule.event == "xid" or (rule.metric or "").endswith("xid"):
+        info = xid_info(code)
+        meaning = info.meaning
+        sev = info.severity.value if rule.severity_from_table else sev
+    vals: dict[str, Any] = {"rule": rule.name, "severity": sev, "entity": entity, "node": node}
+    vals |= {"device": device, "job": None, "event": rule.event or rule.metric, "code": code}
+    vals |= {"meaning": meaning, "message": message}
+    ev: dict[str, Any] = {"event": rule.event or rule.metric, "code": code, "ts_ns": ts}
+    if meaning:
+        ev["meaning"] = meaning
+    if message:
+        ev["message"] = message[:512]
+    deadline = None if rule.resolve_on or rule.event == "throttle" else ts + rule.resolve_after_ns
+    ev_deadline = {"resolve_at_ns": deadline} if deadline is not None else {}
+    f = Firing(
+        id=alert_id(rule.name, f"{entity}#{code}", ts, bucket_ns=1),
+        starts_ns=ts,
+        summary=render(rule.summary, vals),
+        severity=sev,
+        node=node,
+        device=device,
+        entity=entity,
+        evidence=ev | ev_deadline,
+        lineage=[x.model_dump() for x in lineage],
+    )
+    return book.fire(rule.name, key, f, now_ns)
+
+
+def eval_events(
+    rule: EventRule,
+    events: pa.Table,
+    book: AlertBook,
+    now_ns: int,
+    lineage: list[Lineage],
+) -> list[Alert]:
+    """Alerts of one event rule over an events table (EVENTS_SCHEMA plus ``node``)."""
+    kinds = [rule.event] + ([rule.resolve_on] if rule.resolve_on else [])
+    t = events.filter(pc.is_in(column(events, "event"), value_set=pa.array(kinds)))
+    if t.num_rows == 0:
+        return []
+    t = t.sort_by([("ts_ns", "ascending")])
+    out: list[Alert] = []
+    for r in t.select(["node", "ts_ns", "event", "device", "code", "message"]).to_pylist():
+        entity = f"{r['node']}/{r['device']}"
+        code = r["code"]
+        ends = r["event"] == rule.resolve_on or (rule.event == "throttle" and not code)
+        if ends:
+            a = book.resolve(rule.name, entity, int(r["ts_ns"]), now_ns)
+        elif rule.codes and code not in rule.codes:
+            continue
+        else:
+            a = _event_alert(
+                rule, book, r["node"], r["device"], r["ts_ns"], code, r["message"], now_ns, lineage
+            )
+        if a is not None:
+            out.append(a)
+    return out
+
+
+def eval_metric_events(
+    rule: EventRule,
+    table: pa.Table,
+    last: dict[str, float],
+    book: AlertBook,
+    now_ns: int,
+    topic: str,
+) -> list[Alert]:
+    """Sample-borne events (``gpu.xid``): an onset is a nonzero value that differs from the
+    previous value of its series (``last`` holds it between batches)."""
+    assert rule.metric is not None
+    t = table.filter(pc.equal(column(table, "metric"), rule.metric))
+    t = t.filter(pc.is_valid(column(t, "value"))) if t.num_rows else t
+    if t.num_rows == 0:
+        return []
+    sel, _ = _runs(t, pc.cast(column(t, "value"), pa.int64()))
+    out: list[Alert] = []
+    for row in _rows(sel):
+        key, v = row["_key"], float(row["value"])
+        before = last.get(key)
+        last[key] = v
+        if v == 0 or v == before or (rule.codes and int(v) not in rule.codes):
+            continue
+        a = _event_alert(
+            rule,
+            book,
+            row["node"],
+            row["device"],
+            int(row["ts"]),
+            int(v),
+            None,
+            now_ns,
+            _lin(row, topic),
+        )
+        if a is not None:
+            out.append(a)
+    return out
+
+
+def expire_events(rules: list[EventRule], book: AlertBook, now_ns: int) -> list[Alert]:
+    """Resolve occurrence alerts whose ``resolve_after`` has passed at ``now_ns``."""
+    names = {r.name for r in rules}
+    out = []
+    for (rule, key), st in list(book.states.items()):
+        f = st.firing
+        if rule not in names or f is None:
+            continue
+        at = f.evidence.get("resolve_at_ns")
+        if at is not None and now_ns >= at:
+            a = book.resolve(rule, key, int(at), now_ns)
+            if a is not None:
+                out.append(a)
+    return out

@@ -1,0 +1,269 @@
+"""Pipeline-health and clock rules: silent/frozen sources, dead-letter rate, freshness, clocks.
+
+Per-source state (:class:`SourceState`) is a few numbers per ``node|exporter|instance``;
+batches are summarized with one ``group_by`` per refined table (per source and ``seq``:
+count, sum, min, max of the values, max aligned ts), so the per-batch Python is per source,
+never per sample.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from pydantic import BaseModel, ConfigDict, Field
+
+from pipelines._arrow import column
+from pipelines.alerts import HI, LO, MID, AlertBook, Firing, alert_id
+from pipelines.rule_config import (
+    ClockRule,
+    DeadletterRule,
+    FreshnessRule,
+    FrozenRule,
+    SilentRule,
+    render,
+)
+from schemas.records import Alert
+
+
+class ClockStatus(BaseModel):
+    """The refiner's view of one source's clock, handed to :meth:`RuleEngine.on_clock`."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    source: str = Field(description="node|exporter|instance")
+    offset_ns: int
+    error_ns: int = 0
+    flagged: bool = False
+    ts_ns: int = Field(description="when the estimate was made (common clock)")
+
+
+@dataclass
+class SourceState:
+    last_ts: int = 0  # newest aligned ts seen
+    last_seen_ns: int = 0  # engine time (now_ns) of the newest batch
+    interval_ns: int = 0  # learned scrape interval (EWMA of batch-to-batch gaps)
+    fingerprint: list[float] = field(default_factory=list)
+    repeats: int = 0
+
+
+def _entity_node(source: str) -> str:
+    return source.split("|", 1)[0]
+
+
+def _fire(
+    book: AlertBook,
+    rule: Any,
+    entity: str,
+    onset: int,
+    now: int,
+    vals: dict[str, Any],
+    evidence: dict[str, Any],
+    node: str | None = None,
+) -> Alert:
+    v = {"rule": rule.name, "severity": rule.severity.value, "entity": entity, "node": node}
+    v |= {"device": None, "job": None, **vals}
+    f = Firing(
+        id=alert_id(rule.name, entity, onset),
+        starts_ns=onset,
+        summary=render(rule.summary, v),
+        severity=rule.severity.value,
+        node=node,
+        evidence=evidence,
+    )
+    return book.fire(rule.name, entity, f, now)
+
+
+def summarize_batches(table: pa.Table) -> list[dict[str, Any]]:
+    """One row per (source, seq) of a refined table, in time order: source, ts, n, sum,
+    min, max of ``value``."""
+    if table.num_rows == 0:
+        return []
+    key = pc.binary_join_element_wise(
+        column(table, "node"), column(table, "exporter"), column(table, "instance"), "|"
+    )
+    t = pa.table({"source": key, "seq": column(table, "seq"), "ts": column(table, "ts")})
+    t = t.append_column("value", column(table, "value"))
+    g = t.group_by(["source", "seq"]).aggregate(
+        [("ts", "max"), ("value", "count"), ("value", "sum"), ("value", "min"), ("value", "max")]
+    )
+    rows: list[dict[str, Any]] = g.sort_by([("ts_max", "ascending")]).to_pylist()
+    return rows
+
+
+def observe_sources(
+    rows: list[dict[str, Any]],
+    sources: dict[str, SourceState],
+    silent: list[SilentRule],
+    frozen: list[FrozenRule],
+    book: AlertBook,
+    now_ns: int,
+) -> list[Alert]:
+    """Update per-source state from batch summaries; resolves silent alerts of sources that
+    speak again, fires/resolves frozen alerts."""
+    out: list[Alert] = []
+    for r in rows:
+        src, ts = r["source"], int(r["ts_max"])
+        st = sources.setdefault(src, SourceState())
+        if ts <= st.last_ts:
+            continue  # a second batch at the same instant (or late): not a new interval
+        if st.last_ts:
+            gap = ts - st.last_ts
+            st.interval_ns = gap if not st.interval_ns else (st.interval_ns + gap) // 2
+        st.last_ts, st.last_seen_ns = ts, now_ns
+        for rule in silent:
+            a = book.resolve(rule.name, src, ts, now_ns)
+            if a is not None:
+                out.append(a)
+        fp = [float(r[k] or 0.0) for k in ("value_count", "value_sum", "value_min", "value_max")]
+        st.repeats = st.repeats + 1 if fp == st.fingerprint else 0
+        st.fingerprint = fp
+        for fr in frozen:
+            if st.repeats >= fr.intervals and not book.is_firing(fr.name, src):
+                onset = ts - st.repeats * max(st.interval_ns, 1)
+                vals = {"source": src, "intervals": st.repeats}
+                out.append(
+                    _fire(
+                        book,
+                        fr,
+                        src,
+                        onset,
+                        now_ns,
+                        vals,
+                        {"repeats": st.repeats, "series": int(fp[0])},
+                        _entity_node(src),
+                    )
+                )
+            elif st.repeats == 0:
+                a = book.resolve(fr.name, src, ts, now_ns)
+                if a is not None:
+                    out.append(a)
+    return out
+
+
+def tick_silent(
+    sources: dict[str, SourceState], rules: list[SilentRule], book: AlertBook, now_ns: int
+) -> list[Alert]:
+    """Fire for sources quiet for ``intervals`` intervals at engine time ``now_ns``."""
+    out = []
+    for src, st in sources.items():
+        for rule in rules:
+            interval = rule.interval_ns or st.interval_ns
+            if not interval or book.is_firing(rule.name, src):
+                continue
+            quiet = now_ns - st.last_seen_ns
+            if quiet > rule.intervals * interval:
+                vals = {"source": src, "intervals": rule.intervals, "silent_s": quiet / 1e9}
+                ev = {"last_ts": st.last_ts, "interval_ns": interval, "quiet_ns": quiet}
+                out.append(
+                    _fire(book, rule, src, st.last_seen_ns, now_ns, vals, ev, _entity_node(src))
+                )
+    return out
+
+
+def _level(
+    book: AlertBook,
+    rule: Any,
+    entity: str,
+    cls: int,
+    ts: int,
+    for_ns: int,
+    now: int,
+    vals: dict[str, Any],
+    ev: dict[str, Any],
+    node: str | None = None,
+) -> Alert | None:
+    if cls != HI and (rule.name, entity) not in book.states:
+        return None
+    st = book.get(rule.name, entity)
+    action = st.step(cls, ts, for_ns)
+    if action == "fire" and st.pending_since is not None:
+        return _fire(book, rule, entity, st.pending_since, now, vals, ev, node)
+    if action == "resolve":
+        return book.resolve(rule.name, entity, ts, now)
+    return None
+
+
+def _cls(hi: bool, lo: bool) -> int:
+    return HI if hi else (LO if lo else MID)
+
+
+def eval_clock(
+    statuses: list[ClockStatus], rules: list[ClockRule], book: AlertBook, now_ns: int
+) -> list[Alert]:
+    out = []
+    for s in sorted(statuses, key=lambda s: (s.ts_ns, s.source)):
+        for rule in rules:
+            resolve = rule.above_ns if rule.resolve_ns is None else rule.resolve_ns
+            off = abs(s.offset_ns)
+            flag = rule.flagged and s.flagged
+            cls = _cls(off > rule.above_ns or flag, off < resolve and not flag)
+            vals = {"source": s.source, "offset_ms": s.offset_ns / 1e6}
+            vals |= {"error_ms": s.error_ns / 1e6, "threshold_ms": rule.above_ns / 1e6}
+            ev = {"offset_ns": s.offset_ns, "error_ns": s.error_ns, "flagged": s.flagged}
+            a = _level(
+                book, rule, s.source, cls, s.ts_ns, 0, now_ns, vals, ev, _entity_node(s.source)
+            )
+            if a is not None:
+                out.append(a)
+    return out
+
+
+def eval_freshness(
+    table: pa.Table, rules: list[FreshnessRule], book: AlertBook, now_ns: int
+) -> list[Alert]:
+    """Lag = ``now_ns`` - newest aligned ts of the batch, against each rule."""
+    if table.num_rows == 0 or not rules:
+        return []
+    lag = now_ns - int(pc.max(column(table, "ts")).as_py())
+    out = []
+    for rule in rules:
+        resolve = rule.above_ns if rule.resolve_ns is None else rule.resolve_ns
+        cls = _cls(lag > rule.above_ns, lag < resolve)
+        vals = {"lag_s": lag / 1e9, "threshold_s": rule.above_ns / 1e9}
+        a = _level(book, rule, "pipeline", cls, now_ns, rule.for_ns, now_ns, vals, {"lag_ns": lag})
+        if a is not None:
+            out.append(a)
+    return out
+
+
+@dataclass
+class DeadletterWindow:
+    """Dead letters counted per second of engine time; bounded by the window."""
+
+    buckets: dict[int, int] = field(default_factory=dict)
+
+    def add(self, n: int, ts_ns: int) -> None:
+        s = ts_ns // 1_000_000_000
+        self.buckets[s] = self.buckets.get(s, 0) + n
+
+    def rate(self, now_ns: int, window_ns: int) -> float:
+        lo = (now_ns - window_ns) // 1_000_000_000
+        return sum(v for k, v in self.buckets.items() if k > lo) / (window_ns / 1e9)
+
+    def prune(self, now_ns: int, window_ns: int) -> None:
+        lo = (now_ns - window_ns) // 1_000_000_000
+        for k in [k for k in self.buckets if k <= lo]:
+            del self.buckets[k]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {str(k): v for k, v in asdict(self)["buckets"].items()}
+
+
+def eval_deadletters(
+    window: DeadletterWindow, rules: list[DeadletterRule], book: AlertBook, now_ns: int
+) -> list[Alert]:
+    out = []
+    if rules:
+        window.prune(now_ns, max(r.window_ns for r in rules))
+    for rule in rules:
+        rate = window.rate(now_ns, rule.window_ns)
+        resolve = rule.above if rule.resolve is None else rule.resolve
+        cls = _cls(rate > rule.above, rate < resolve)
+        vals = {"rate": rate, "threshold": rule.above, "window_s": rule.window_ns / 1e9}
+        a = _level(book, rule, "pipeline", cls, now_ns, 0, now_ns, vals, {"rate_per_s": rate})
+        if a is not None:
+            out.append(a)
+    return out
