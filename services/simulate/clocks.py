@@ -43,7 +43,9 @@ class NodeClocks:
         window_ns: int,
         windows: int,
         node_names: list[str],
+        interval_ns: int = S,
     ) -> NodeClocks:
+        """Clocks of ``n`` nodes; a step happens on a tick boundary (``interval_ns``)."""
         rng = np.random.default_rng([seed, 104729])
         offset0 = rng.integers(-50_000, 50_001, n).astype(np.int64)
         drift = rng.uniform(-0.5, 0.5, n)
@@ -75,6 +77,7 @@ class NodeClocks:
                 i = int(wr.integers(n))
                 size = spec.fparam(k, "step", float(wr.uniform(0.5, 30.0) * wr.choice([-1, 1])))
                 at = start_ns + w * window_ns + int(wr.uniform(0.2, 0.8) * window_ns)
+                at = start_ns + (at - start_ns) // interval_ns * interval_ns
                 steps[0].append(i)
                 steps[1].append(at)
                 steps[2].append(int(size * S))

@@ -106,7 +106,14 @@ class _Run:
         )
         rng = np.random.default_rng([sim.seed, 1])
         sim._clocks = self.clocks = NodeClocks.build(
-            self.n, sim.faults, sim.seed, start_ns, sim.window_ns, self.windows, c.node_names
+            self.n,
+            sim.faults,
+            sim.seed,
+            start_ns,
+            sim.window_ns,
+            self.windows,
+            c.node_names,
+            self.iv,
         )
         job_of = np.asarray(c.job_of_node())
         self.busy = job_of >= 0

@@ -402,3 +402,38 @@ def test_bench_generate_reports_samples_per_second() -> None:
     rate = bench_generate(16, 3)
     print(f"\nbench_generate(16 nodes, 3 ticks): {rate:,.0f} samples/s (generate + encode)")
     assert rate > 50_000
+
+
+def test_cli_parser_accepts_the_documented_flags() -> None:
+    import argparse
+
+    from services.simulate.cli import add_parser, cmd_simulate
+
+    p = argparse.ArgumentParser()
+    add_parser(p.add_subparsers())
+    a = p.parse_args(
+        [
+            "simulate",
+            "--nodes",
+            "4",
+            "--gpus-per-node",
+            "8",
+            "--nics-per-node",
+            "8",
+            "--interval",
+            "1s",
+            "--duration",
+            "5",
+            "--speed",
+            "10",
+            "--seed",
+            "3",
+            "--faults",
+            "all",
+            "--truth",
+            "t.parquet",
+            "--stdout-summary",
+            "--json",
+        ]
+    )
+    assert a.handler is cmd_simulate and a.nodes == 4 and a.speed == 10.0 and a.json
