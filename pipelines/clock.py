@@ -29,7 +29,8 @@ Steps: a point more than ``step_threshold`` *above* the line cannot be explained
 so the offset jumped up: restart the window at that point. ``step_confirm`` consecutive
 points more than the threshold *below* the line mean it jumped down: restart with them. The
 threshold is ``max(step_threshold_ns, 10 x median distance below the line)`` so heavy jitter
-does not fake steps.
+does not fake steps. Steps are looked for once the window has ``min_fit_points`` points (before
+that, a point above the line is as likely the first low-delay point as a step).
 
 Cross-check: when the source's :class:`~schemas.wire.ClockBlock` reports an offset, a
 difference larger than both error bounds together is reported as ``disagreement_ns`` and
@@ -112,7 +113,7 @@ class ClockEstimator:
         s = self.settings
         x, y = int(sent_ns), int(sent_ns) - int(arrival_ns)
         step = False
-        if self.points and self._fit is not None:
+        if len(self.points) >= s.min_fit_points and self._fit is not None:
             a, b, xa, median_gap = self._fit
             gap = a + b * (x - xa) - y  # distance below the line (negative: above)
             thresh = max(s.step_threshold_ns, 10 * median_gap)
