@@ -1,0 +1,326 @@
+"""Congestion and throttling episodes collapsed from per-sample rates.
+
+**Congestion**: rates of the PFC/ECN/CNP/XmitWait counters (:data:`CONGESTION_METRICS`)
+are grouped by the switch port the NIC sits behind and the PFC priority::
+
+    key = (leaf, leaf_port, priority)        when the leaf is known (enrichment)
+        = (node, nic, priority)              otherwise
+
+An episode **opens** when any counter's rate crosses its threshold and **closes** once no
+counter has crossed for ``quiet_ns`` of data time. Counters without a priority (RDMA CNP/ECN,
+IB XmitWait on ``mlx5_0/1``) join the episodes open on their port; they open a priority-less
+episode only when none is. All NICs behind one leaf port within the same time window land
+in one episode, with the affected ports, NICs, nodes and jobs listed.
+
+**Throttling**: a GPU whose ``gpu.clock_event_reasons`` has any of :data:`THROTTLE_BITS` set,
+keyed by ``node/gpuN``; peak holds the OR of reasons seen, the max temperature and the
+lowest SM clock.
+
+Ids are stable: ``sha1(kind, entity, start bucket)``, so a replay or a restart re-emits the
+same id. Each episode is emitted as ``firing`` when it opens and ``resolved`` when it closes
+(same id). Closed episodes are kept for ``retain_ns`` so :mod:`pipelines.stragglers` can
+join recent ones. State: open episodes plus a bounded list of recent ones.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pipelines._arrow import column, true_mask
+from pipelines.alerts import stable_id
+from schemas.records import AlertState, Episode
+
+CONGESTION_THRESHOLDS: dict[str, float] = {
+    "nic.rx_prio_pause": 100.0,  # pause frames/s received
+    "nic.rx_prio_pause_duration": 10_000.0,  # µs paused per s (1 % of the time)
+    "nic.tx_prio_pause": 100.0,
+    "rdma.np_ecn_marked_roce_packets": 1_000.0,
+    "rdma.np_cnp_sent": 100.0,
+    "rdma.rp_cnp_handled": 100.0,
+    "ib.port_xmit_wait": 1e6,  # ticks/s without credits
+}
+CONGESTION_METRICS = tuple(CONGESTION_THRESHOLDS)
+THROTTLE_METRIC = "gpu.clock_event_reasons"
+THROTTLE_BITS = 0x4 | 0x8 | 0x20 | 0x40 | 0x80  # SW/HW power, HW slowdown, SW/HW thermal
+_THERMAL, _POWER = 0x20 | 0x40 | 0x8, 0x4 | 0x80
+_SEP = "\x1f"
+
+
+@dataclass(frozen=True)
+class EpisodeSettings:
+    thresholds: dict[str, float] = field(default_factory=lambda: dict(CONGESTION_THRESHOLDS))
+    quiet_ns: int = 30_000_000_000
+    bucket_ns: int = 60_000_000_000
+    retain_ns: int = 600_000_000_000
+    max_recent: int = 4096
+
+
+@dataclass
+class OpenEpisode:
+    id: str
+    kind: str
+    entity: str
+    port: str  # port key without priority (leaf/port or node/nic); node/gpu for throttling
+    priority: int | None
+    start_ns: int
+    last_active_ns: int
+    end_ns: int | None = None
+    peak: dict[str, float] = field(default_factory=dict)
+    ports: list[str] = field(default_factory=list)
+    nics: list[str] = field(default_factory=list)
+    nodes: list[str] = field(default_factory=list)
+    jobs: list[str] = field(default_factory=list)
+
+    def record(self, state: AlertState, now_ns: int) -> Episode:
+        return Episode(
+            id=self.id,
+            kind=self.kind,
+            state=state,
+            entity=self.entity,
+            start_ns=self.start_ns,
+            end_ns=self.end_ns,
+            peak=dict(self.peak),
+            ports=sorted(self.ports),
+            nics=sorted(self.nics),
+            nodes=sorted(self.nodes),
+            jobs=sorted(self.jobs),
+            cause_hint=cause_hint(self),
+            emitted_ns=now_ns,
+        )
+
+    def overlaps(self, t0: int, t1: int, slack_ns: int = 0) -> bool:
+        end = self.end_ns if self.end_ns is not None else 2**62
+        return self.start_ns - slack_ns <= t1 and t0 <= end + slack_ns
+
+
+def cause_hint(e: OpenEpisode) -> str:
+    """A one-line description: ``PFC storm on leaf-p0-r3 port 2 (prio 3): rx pause 1.2e+05/s,
+    CNP 4e+03/s`` or ``thermal throttling on n1/gpu3 (...)``."""
+    if e.kind == "throttling":
+        bits = int(e.peak.get(THROTTLE_METRIC, 0))
+        what = "thermal" if bits & _THERMAL else "power" if bits & _POWER else "clock"
+        parts = [f"reasons 0x{bits:x}"]
+        if "gpu.sm_clock_min" in e.peak:
+            parts.append(f"sm clock down to {e.peak['gpu.sm_clock_min']:.0f} MHz")
+        return f"{what} throttling on {e.entity}: " + ", ".join(parts)
+    where_, _, port = e.port.rpartition("/")
+    prio = f" (prio {e.priority})" if e.priority is not None else ""
+    pause = e.peak.get("nic.rx_prio_pause", 0.0) + e.peak.get("nic.tx_prio_pause", 0.0)
+    what = "PFC storm" if pause else "congestion"
+    names = {
+        "nic.rx_prio_pause": "rx pause",
+        "nic.tx_prio_pause": "tx pause",
+        "nic.rx_prio_pause_duration": "paused us",
+        "rdma.np_cnp_sent": "CNP",
+        "rdma.rp_cnp_handled": "CNP handled",
+        "rdma.np_ecn_marked_roce_packets": "ECN",
+        "ib.port_xmit_wait": "xmit wait",
+    }
+    vals = [f"{names[m]} {e.peak[m]:.2g}/s" for m in names if e.peak.get(m)]
+    return f"{what} on {where_} port {port}{prio}: " + ", ".join(vals)
+
+
+def _port_keys(t: pa.Table) -> tuple[Any, Any]:
+    """(port key, priority) arrays: leaf/leaf_port when the leaf is known, else node/nic."""
+    leaf_key = pc.binary_join_element_wise(column(t, "leaf"), column(t, "leaf_port"), "/")
+    base = pc.list_element(pc.split_pattern(column(t, "device"), "/"), 0)
+    node_key = pc.binary_join_element_wise(
+        column(t, "node"), pc.coalesce(column(t, "nic"), base), "/"
+    )
+    key = pc.if_else(pc.is_valid(leaf_key), leaf_key, node_key)
+    m = pc.extract_regex(column(t, "device"), r"prio(?P<p>\d+)")
+    prio = pc.cast(pc.struct_field(m, "p"), pa.int32())
+    return key, prio
+
+
+class EpisodeTracker:
+    """Opens, extends and closes episodes from refined batches (pure; time passed in)."""
+
+    def __init__(self, settings: EpisodeSettings | None = None) -> None:
+        self.settings = settings or EpisodeSettings()
+        self.open: dict[str, OpenEpisode] = {}
+        self.recent: list[OpenEpisode] = []
+
+    # --- input ---------------------------------------------------------------------------
+
+    def update(self, refined: pa.Table, now_ns: int) -> list[Episode]:
+        """Fold one refined batch in; returns the episodes opened or closed by it."""
+        out = self._congestion(refined, now_ns) + self._throttling(refined, now_ns)
+        if refined.num_rows:
+            out += self._close_quiet(int(pc.max(column(refined, "ts")).as_py()), now_ns)
+        return out
+
+    def tick(self, now_ns: int) -> list[Episode]:
+        """Close episodes quiet at ``now_ns`` (also when their ports stopped reporting)."""
+        return self._close_quiet(now_ns, now_ns)
+
+    def _congestion(self, refined: pa.Table, now_ns: int) -> list[Episode]:
+        th = self.settings.thresholds
+        t = refined.filter(pc.is_in(column(refined, "metric"), value_set=pa.array(list(th))))
+        t = t.filter(pc.is_valid(column(t, "rate"))) if t.num_rows else t
+        if t.num_rows == 0:
+            return []
+        key, prio = _port_keys(t)
+        limit = pc.take(
+            pa.array(list(th.values())), pc.index_in(column(t, "metric"), pa.array(list(th)))
+        )
+        hot = true_mask(pc.greater(column(t, "rate"), limit))
+        t = pa.table(
+            {
+                "port": key,
+                "prio": prio,
+                "metric": column(t, "metric"),
+                "rate": column(t, "rate"),
+                "ts": column(t, "ts"),
+                "hot": hot,
+                "nic": pc.binary_join_element_wise(
+                    column(t, "node"), pc.coalesce(column(t, "nic"), column(t, "device")), "/"
+                ),
+                "node": column(t, "node"),
+                "job": column(t, "job"),
+            }
+        )
+        t = t.filter(pc.or_(hot, pc.is_in(t["port"], value_set=self._open_ports())))
+        if t.num_rows == 0:
+            return []
+        g = t.group_by(["port", "prio", "metric"]).aggregate([("rate", "max")])
+        h = t.filter(t["hot"]).group_by(["port", "prio"]).aggregate([("ts", "min"), ("ts", "max")])
+        who = t.group_by(["port"]).aggregate(
+            [("nic", "distinct"), ("node", "distinct"), ("job", "distinct")]
+        )
+        members = {r["port"]: r for r in who.to_pylist()}
+        peaks: dict[tuple[str, int | None], dict[str, float]] = {}
+        for r in g.to_pylist():
+            peaks.setdefault((r["port"], r["prio"]), {})[r["metric"]] = float(r["rate_max"])
+        out: list[Episode] = []
+        hot_rows = sorted(h.to_pylist(), key=lambda r: (r["prio"] is None, r["port"]))
+        for r in hot_rows:
+            port, p = r["port"], r["prio"]
+            targets = [e for e in self.open.values() if e.port == port and e.kind == "congestion"]
+            if p is not None or not targets:
+                ent = f"{port}/prio{p}" if p is not None else port
+                e = self.open.get(ent)
+                if e is None:
+                    e = self._open("congestion", ent, port, p, int(r["ts_min"]))
+                    out.append(e.record(AlertState.FIRING, now_ns))
+                targets = [e]
+            for e in targets:
+                e.last_active_ns = max(e.last_active_ns, int(r["ts_max"]))
+        for e in [e for e in self.open.values() if e.kind == "congestion"]:
+            for (port, p), pk in peaks.items():
+                if port == e.port and (p is None or p == e.priority):
+                    for m, v in pk.items():
+                        e.peak[m] = max(e.peak.get(m, 0.0), v)
+            mem = members.get(e.port)
+            if mem is not None:
+                _add(e.ports, [e.port])
+                _add(e.nics, mem["nic_distinct"])
+                _add(e.nodes, mem["node_distinct"])
+                _add(e.jobs, mem["job_distinct"])
+        return out
+
+    def _throttling(self, refined: pa.Table, now_ns: int) -> list[Episode]:
+        m = column(refined, "metric")
+        t = refined.filter(true_mask(pc.equal(m, THROTTLE_METRIC)))
+        t = t.filter(pc.is_valid(column(t, "value"))) if t.num_rows else t
+        if t.num_rows == 0:
+            return []
+        bits = pc.bit_wise_and(pc.cast(column(t, "value"), pa.int64()), THROTTLE_BITS)
+        key = pc.binary_join_element_wise(column(t, "node"), column(t, "device"), "/")
+        tt = pa.table({"key": key, "bits": bits, "ts": column(t, "ts"), "job": column(t, "job")})
+        tt = tt.append_column("node", column(t, "node"))
+        hot = tt.filter(pc.not_equal(tt["bits"], 0))
+        out: list[Episode] = []
+        agg = hot.group_by(["key"]).aggregate(
+            [("ts", "min"), ("ts", "max"), ("bits", "distinct"), ("job", "distinct")]
+        )
+        for r in agg.to_pylist():
+            ent = r["key"]
+            e = self.open.get(ent)
+            if e is None:
+                e = self._open("throttling", ent, ent, None, int(r["ts_min"]))
+                e.nodes = [ent.split("/")[0]]
+                out.append(e.record(AlertState.FIRING, now_ns))
+            e.last_active_ns = max(e.last_active_ns, int(r["ts_max"]))
+            b = int(e.peak.get(THROTTLE_METRIC, 0))
+            for x in r["bits_distinct"]:
+                b |= int(x)
+            e.peak[THROTTLE_METRIC] = float(b)
+            _add(e.jobs, r["job_distinct"])
+        self._gpu_peaks(refined)
+        return out
+
+    def _gpu_peaks(self, refined: pa.Table) -> None:
+        keys = [k for k, e in self.open.items() if e.kind == "throttling"]
+        if not keys:
+            return
+        sel = ["gpu.temp", "gpu.sm_clock", "gpu.power"]
+        t = refined.filter(pc.is_in(column(refined, "metric"), value_set=pa.array(sel)))
+        if t.num_rows == 0:
+            return
+        key = pc.binary_join_element_wise(column(t, "node"), column(t, "device"), "/")
+        tt = pa.table({"key": key, "metric": column(t, "metric"), "value": column(t, "value")})
+        tt = tt.filter(pc.is_in(tt["key"], value_set=pa.array(keys)))
+        g = tt.group_by(["key", "metric"]).aggregate([("value", "min"), ("value", "max")])
+        for r in g.to_pylist():
+            e = self.open[r["key"]]
+            if r["metric"] == "gpu.sm_clock" and r["value_min"] is not None:
+                old = e.peak.get("gpu.sm_clock_min", float("inf"))
+                e.peak["gpu.sm_clock_min"] = min(old, float(r["value_min"]))
+            elif r["value_max"] is not None:
+                e.peak[r["metric"]] = max(e.peak.get(r["metric"], 0.0), float(r["value_max"]))
+
+    def _open(self, kind: str, ent: str, port: str, prio: int | None, start: int) -> OpenEpisode:
+        b = start // self.settings.bucket_ns
+        e = OpenEpisode(stable_id("episode", kind, ent, b), kind, ent, port, prio, start, start)
+        self.open[ent] = e
+        return e
+
+    def _open_ports(self) -> Any:
+        return pa.array(sorted({e.port for e in self.open.values()}), pa.string())
+
+    def _close_quiet(self, at_ns: int, now_ns: int) -> list[Episode]:
+        out = []
+        for ent, e in list(self.open.items()):
+            if at_ns - e.last_active_ns > self.settings.quiet_ns:
+                e.end_ns = e.last_active_ns
+                del self.open[ent]
+                self.recent.append(e)
+                out.append(e.record(AlertState.RESOLVED, now_ns))
+        lo = at_ns - self.settings.retain_ns
+        self.recent = [e for e in self.recent if (e.end_ns or 0) >= lo][-self.settings.max_recent :]
+        return out
+
+    # --- queries (for stragglers) ----------------------------------------------------------
+
+    def all_episodes(self) -> list[OpenEpisode]:
+        return [*self.recent, *self.open.values()]
+
+    # --- state -----------------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "open": [asdict(e) for e in self.open.values()],
+            "recent": [asdict(e) for e in self.recent],
+        }
+
+    @classmethod
+    def from_dict(
+        cls, d: dict[str, Any], settings: EpisodeSettings | None = None
+    ) -> EpisodeTracker:
+        t = cls(settings)
+        for x in d.get("open", []):
+            e = OpenEpisode(**x)
+            t.open[e.entity] = e
+        t.recent = [OpenEpisode(**x) for x in d.get("recent", [])]
+        return t
+
+
+def _add(target: list[str], items: list[Any]) -> None:
+    for x in items:
+        if x is not None and x not in target:
+            target.append(str(x))
