@@ -62,6 +62,18 @@ class _Pending:
     tag: str
 
 
+def initial_seq() -> int:
+    """Where a source process starts numbering its batches.
+
+    ``seq`` must keep increasing across restarts of an exporter within one ``boot_id``, or
+    the refiner takes the new process's batches for resends of the old one's. Starting from
+    the wall clock in microseconds does that without a state file, as long as a source sends
+    fewer than a million batches per second and its clock does not step back by more than
+    the previous process's lifetime.
+    """
+    return time.time_ns() // 1_000
+
+
 class BatchProducer:
     """Publish encoded batches to one topic. Not thread-safe; call :meth:`poll` or
     :meth:`send` regularly so delivery callbacks run. :meth:`close` flushes."""

@@ -25,6 +25,7 @@ import pyarrow as pa
 from schemas.catalog import default_catalog
 from schemas.errors import ConfigError
 from schemas.wire import ClockBlock, Envelope, PayloadKind, SourceId
+from services.producer import initial_seq
 from services.settings import RefinerySettings
 from services.topology.cli import command_group
 
@@ -67,7 +68,7 @@ class BatchSink:
         self.interval_ns = interval_ns
         self._settings = settings
         self._producers: dict[str, Any] = {}
-        self.seq = 0
+        self.seq = initial_seq()
 
     def send(
         self,

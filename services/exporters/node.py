@@ -8,7 +8,8 @@ per scrape.
   new interfaces), keeps the fast tier's files open (``pread`` at offset 0; at most
   ``max_open_files``), reads the slow tier (PCIe AER and link state, net error details, NVMe
   state, RAPL limits, temperature limits) every ``slow_every`` scrapes and chrony every
-  ``clock_every`` scrapes, and numbers batches with a per-process monotonic ``seq``.
+  ``clock_every`` scrapes, and numbers batches with a ``seq`` that keeps increasing across
+  restarts (``initial_seq``).
 - :func:`bench_scrape` measures CPU seconds per scrape (``time.process_time``).
 
 Every row's ``metric`` is a catalog name (rows for names missing from the catalog are dropped
@@ -39,6 +40,7 @@ from services.exporters.chrony import Tracking, read_chrony
 from services.exporters.nvml import NvmlCollector
 from services.exporters.procfs import SampleBuffer, collect_procfs, read_boot_id
 from services.exporters.sysfs import OpenFiles, SysfsPlan, discover, read_entries
+from services.producer import initial_seq
 
 EXPORTER = "node"
 
@@ -82,7 +84,7 @@ class NodeCollector:
         self._plan: SysfsPlan | None = None
         self._files = OpenFiles(max_open=max_open_files)
         self._scrapes = 0
-        self._seq = itertools.count()
+        self._seq = itertools.count(initial_seq())
         self._nvml = NvmlCollector() if gpus else None
         self._clock_enabled = clock
         self._tracking: Tracking | None = None

@@ -139,7 +139,7 @@ def build_app(
 
     def table(name: str, partitions: int) -> Any:
         return app.Table(
-            name, default=None, partitions=partitions, key_serializer="raw", value_serializer="raw"
+            name, default=None, partitions=partitions, key_type=bytes, value_type=bytes
         )
 
     refine_streams = table("refine-streams", cfg.raw_partitions)
