@@ -69,7 +69,7 @@ def refined_samples(
     seed: int = 0,
     partitions: int = 4,
 ) -> pa.Table:
-    """A REFINED_SCHEMA table of ``nodes x 170 series x seconds/interval_s`` samples, in
+    """A REFINED_SCHEMA table of ``nodes x 106 series x seconds/interval_s`` samples, in
     arrival order (by scrape, then series), as the landing service receives them."""
     rng = np.random.default_rng(seed)
     series = _series(nodes)

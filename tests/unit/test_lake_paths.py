@@ -88,8 +88,15 @@ def test_unknown_datasets_are_refused(tmp_path: Path, dataset: str) -> None:
 
 @pytest.mark.parametrize(
     "date, hour",
-    [("..", "00"), ("2024-01-01/..", "00"), ("2024-13-01", "00"), ("2024-01-01", "24"),
-     ("2024-01-01", "0/"), ("2024-01-01", "\uff10\uff10"), ("２０２４-01-01", "00")],
+    [
+        ("..", "00"),
+        ("2024-01-01/..", "00"),
+        ("2024-13-01", "00"),
+        ("2024-01-01", "24"),
+        ("2024-01-01", "0/"),
+        ("2024-01-01", "\uff10\uff10"),
+        ("\uff12\uff10\uff12\uff14-01-01", "00"),
+    ],
 )
 def test_bad_hours_are_refused(tmp_path: Path, date: str, hour: str) -> None:
     with pytest.raises(LakeError):
