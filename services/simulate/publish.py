@@ -11,7 +11,8 @@ at speed 1 with the default start is ``LogAppendTime`` comparable with true time
 Records: samples/late/malformed batches → ``topics.raw`` (key node), duplicates → the same topic
 from a second producer session, events → ``topics.events`` (key node), collectives →
 ``topics.collectives`` (key job), topology entities → ``topics.topology`` (JSON, key id), jobs →
-``topics.jobs`` (JSON, key job). Topology and jobs are published and flushed first.
+``topics.jobs`` (JSON, key job). The topology is published and acknowledged before the true
+clock starts; the jobs are published at its start (``JobPlacement.start_ns`` = ``start_ns``).
 """
 
 from __future__ import annotations
@@ -152,19 +153,17 @@ class _Publisher:
         return left
 
 
-def publish_metadata(sim: Simulation, kafka: KafkaSettings, topics: Topics, start_ns: int) -> int:
-    """Publish topology entities and job placements (JSON, compacted topics); returns how many
-    were not acknowledged within 60 s."""
-    left = 0
-    for topic, items in (
-        (topics.topology, [(e.id, e.model_dump_json()) for e in sim.cluster.topology()]),
-        (topics.jobs, [(j.job, j.model_dump_json()) for j in sim.cluster.jobs(start_ns)]),
-    ):
-        prod = BatchProducer(kafka, topic=topic)
-        for key, doc in items:
-            prod.send_encoded(key.encode(), doc.encode(), (("content-type", JSON.encode()),), key)
-        left += prod.close(60.0)
-    return left
+def _send_json(prod: BatchProducer, items: list[tuple[str, str]]) -> None:
+    for key, doc in items:
+        prod.send_encoded(key.encode(), doc.encode(), (("content-type", JSON.encode()),), key)
+
+
+def publish_topology(sim: Simulation, kafka: KafkaSettings, topic: str) -> int:
+    """Publish every topology entity (JSON, key = entity id) and wait for the acks; returns how
+    many were not acknowledged within 60 s."""
+    prod = BatchProducer(kafka, topic=topic)
+    _send_json(prod, [(e.id, e.model_dump_json()) for e in sim.cluster.topology()])
+    return prod.close(60.0)
 
 
 def publish(
@@ -184,14 +183,21 @@ def publish(
     flush and write the truth. Returns a :class:`PublishReport`. Raises what the producer raises
     on a bad configuration; delivery failures are counted, never raised."""
     topics = topics or Topics()
+    fast = speed <= 0 or math.isinf(speed)
+    conf = dict(extra_conf or {})
+    if not fast:
+        conf.setdefault("linger.ms", 5)  # paced: arrival time matters more than batching
+    truth = TruthWriter(truth_path) if truth_path is not None else None
+    # producers first (they fetch their idempotent producer ids meanwhile), then the topology,
+    # and only then the true clock starts, so the first batches are not late by the set-up time
+    pub = _Publisher(kafka_settings, topics, truth, conf)
+    jobs_prod = BatchProducer(kafka_settings, topic=topics.jobs)
+    publish_topology(sim, kafka_settings, topics.topology)
     if sim.start_ns is None:
         sim.start_ns = time.time_ns()
     start = sim.start_ns
-    truth = TruthWriter(truth_path) if truth_path is not None else None
-    publish_metadata(sim, kafka_settings, topics, start)
-    pub = _Publisher(kafka_settings, topics, truth, extra_conf)
-    fast = speed <= 0 or math.isinf(speed)
     wall0 = time.monotonic()
+    _send_json(jobs_prod, [(j.job, j.model_dump_json()) for j in sim.cluster.jobs(start)])
     last = wall0
     try:
         for tick in sim.ticks():
@@ -211,7 +217,7 @@ def publish(
     except KeyboardInterrupt:
         pass
     finally:
-        left = pub.close(flush_timeout_s)
+        left = pub.close(flush_timeout_s) + jobs_prod.close(flush_timeout_s)
         p = pub.p
         p.elapsed_s = time.monotonic() - wall0
         if truth is not None:
