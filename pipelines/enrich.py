@@ -110,6 +110,7 @@ class TopologyIndex:
         self._fabric_bounds = sorted(bounds_fabric)
         self._cache: OrderedDict[tuple[str, int], tuple[dict[str, Row], pa.Table]] = OrderedDict()
         self._cache_size = cache_size
+        self.resolutions = 0  # (node, interval, device) resolutions done: cache misses
 
     # --- per-row resolution (cached; runs once per node, interval, device) -----------------
 
@@ -221,6 +222,7 @@ class TopologyIndex:
         rows = dict(rows)
         for d in missing:
             rows[d] = self.resolve(node, d, t)
+        self.resolutions += len(missing)
         names = list(rows)
         cols = {"device": pa.array(names, pa.string())}
         for f in ENRICH_SCHEMA:

@@ -79,10 +79,10 @@ def test_property_converges_on_offset_drift_and_jitter(
     errs, ests = run(src, 240, ClockEstimator())
     assert ests[119].converged and not ests[118].converged
     bias = base - C
-    assert p99([e - bias for e in errs]) <= 0.6 * MS
+    assert p99([e - bias for e in errs]) <= 0.8 * MS
     assert p99(errs) <= 1.5 * MS
     assert abs(ests[-1].drift_ppm - ppm) <= 20
-    assert all(abs(e) <= ests[-1].error_ns + 0.6 * MS for e in errs[-200:])
+    assert all(abs(e) <= ests[-1].error_ns + 0.8 * MS for e in errs[-200:])
 
 
 @settings(max_examples=25, deadline=None)
