@@ -118,7 +118,8 @@ def observe_sources(
             if a is not None:
                 out.append(a)
         fp = [float(r[k] or 0.0) for k in ("value_count", "value_sum", "value_min", "value_max")]
-        st.repeats = st.repeats + 1 if fp == st.fingerprint else 0
+        # no non-NULL values: nothing to judge (not "identical")
+        st.repeats = st.repeats + 1 if fp[0] and fp == st.fingerprint else 0
         st.fingerprint = fp
         for fr in frozen:
             if st.repeats >= fr.intervals and not book.is_firing(fr.name, src):
