@@ -74,7 +74,7 @@ def test_property_converges_on_offset_drift_and_jitter(
 
     ``aligned - true = (base - assumed_min_delay) + filter error``. The first term is the
     minimum one-way delay, which no one-way method can separate from the offset (±0.9 ms
-    over the 0.2–2 ms range); the filter error is what the estimator controls."""
+    over the 0.2-2 ms range); the filter error is what the estimator controls."""
     src = Source(seed, off0, ppm, base, mu)
     errs, ests = run(src, 240, ClockEstimator())
     assert ests[119].converged and not ests[118].converged

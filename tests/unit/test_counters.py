@@ -14,19 +14,19 @@ from schemas.wire import SAMPLES_SCHEMA
 
 NOW = 1_700_000_000_000_000_000
 S = 1_000_000_000
-O = Origin(simulator=True)
+ORIGIN = Origin(simulator=True)
 CAT = Catalog(
     [
         Metric(name="c.w64", unit="B", kind=Kind.COUNTER, width=64, overflow=Overflow.WRAP,
-               scale=4.0, description="64-bit wrapping words", origin=O),
+               scale=4.0, description="64-bit wrapping words", origin=ORIGIN),
         Metric(name="c.w32", unit="1", kind=Kind.COUNTER, width=32, overflow=Overflow.WRAP,
-               description="32-bit wrapping count", origin=O),
+               description="32-bit wrapping count", origin=ORIGIN),
         Metric(name="c.sat32", unit="1", kind=Kind.COUNTER, width=32,
-               overflow=Overflow.SATURATE, description="32-bit saturating count", origin=O),
+               overflow=Overflow.SATURATE, description="32-bit saturating count", origin=ORIGIN),
         Metric(name="g.reasons", unit="1", kind=Kind.BITMASK, bits={0: "idle", 3: "hw_slowdown"},
-               description="clock event reasons", origin=O),
+               description="clock event reasons", origin=ORIGIN),
         Metric(name="g.state", unit="1", kind=Kind.ENUM, values={0: "ok", 1: "degraded"},
-               description="health state", origin=O),
+               description="health state", origin=ORIGIN),
     ]
 )  # fmt: skip
 

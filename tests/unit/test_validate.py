@@ -14,17 +14,17 @@ from schemas.reasons import Reason
 from schemas.wire import SAMPLES_SCHEMA
 
 NOW = 1_700_000_000_000_000_000
-O = Origin(simulator=True)
+ORIGIN = Origin(simulator=True)
 CAT = Catalog(
     [
         Metric(name="ib.port_rcv_data", unit="B", kind=Kind.COUNTER, width=64,
                overflow=Overflow.WRAP, scale=4.0, sentinel_texts=("N/A (no PMA)",),
-               description="received words", origin=O),
+               description="received words", origin=ORIGIN),
         Metric(name="gpu.temp", unit="C", kind=Kind.GAUGE, valid_min=-40, valid_max=150,
                sentinels=(140737488355328.0,), aliases=("DCGM_FI_DEV_GPU_TEMP",),
-               description="GPU temperature", origin=O),
+               description="GPU temperature", origin=ORIGIN),
         Metric(name="ib.link_downed", unit="1", kind=Kind.COUNTER, width=8,
-               overflow=Overflow.SATURATE, description="link downed count", origin=O),
+               overflow=Overflow.SATURATE, description="link downed count", origin=ORIGIN),
     ]
 )  # fmt: skip
 
