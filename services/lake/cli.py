@@ -47,6 +47,8 @@ def _topic_map(specs: Sequence[str] | None) -> dict[str, str]:
 
 def cmd_land(args: argparse.Namespace, settings: RefinerySettings) -> int:
     conf = {**settings.kafka().librdkafka(), "group.id": args.group}
+    if args.instance_id:  # static membership: a restarted lander takes over at once
+        conf["group.instance.id"] = args.instance_id
     writer = LakeWriter(settings.lake)
     compactor = None if args.no_compact else Compactor(settings.lake)
     svc = LandingService(
@@ -200,6 +202,7 @@ def add_parser(sub: Any) -> None:
     p = sub.add_parser("land", help="land Kafka topics into the Parquet lake, exactly once")
     p.add_argument("--topics", nargs="+", metavar="TOPIC[=DATASET]", help="default: all")
     p.add_argument("--group", default="refinery-land", help="consumer group")
+    p.add_argument("--instance-id", help="static group member id (restart without rebalance)")
     p.add_argument("--once-idle", type=float, metavar="S", help="exit after S s without data")
     p.add_argument("--max-rows", type=int, default=500_000, help="flush a partition at N rows")
     p.add_argument("--max-age", type=float, default=2.0, help="flush a partition after S s")

@@ -104,6 +104,7 @@ class LandingService:
         self._landed: dict[TP, int] = {}
         self._lineage: dict[TP, dict[int, int]] = {}
         self._consumer: Any = None
+        self._assigned_at: float | None = None
 
     # --- assignment -----------------------------------------------------------------------
 
@@ -122,6 +123,7 @@ class LandingService:
             if ds == "samples":
                 self._lineage[tp] = self._lineage_high_water(p.partition)
             start = max(committed.get(tp, -1), hw + 1)
+            self._assigned_at = time.monotonic()
             if start > 0:
                 p.offset = start
             self._pending.pop(tp, None)
@@ -178,7 +180,11 @@ class LandingService:
                 if self.compactor is not None and now >= next_compact:
                     self.compactor.compact_closed(list(set(self.topics.values())))
                     next_compact = now + self.compact_every_s
-                if once_idle_s is not None and now - last_msg >= once_idle_s:
+                if (
+                    once_idle_s is not None
+                    and self._assigned_at is not None  # idle counts once we own partitions
+                    and now - max(last_msg, self._assigned_at) >= once_idle_s
+                ):
                     break
             for tp in list(self._pending):
                 self._flush(tp)
