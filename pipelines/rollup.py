@@ -54,7 +54,7 @@ def _last_per_group(t: pa.Table, value: str, ts: str) -> pa.Table:
     j = t2.join(mx, _KEY, join_type="inner")
     j = j.filter(pc.equal(j[ts], j[f"{ts}_max"]))
     pick = j.group_by(_KEY).aggregate([("_i", "max")])
-    got = t.take(pick["_i"])
+    got = t.take(pick["_i_max"])
     return pa.table({**{k: got[k] for k in _KEY}, "last": got[value], "last_ts": got[ts]})
 
 

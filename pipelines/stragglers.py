@@ -36,6 +36,7 @@ import pyarrow.compute as pc
 from pipelines.alerts import Firing, alert_id
 from pipelines.episodes import OpenEpisode, cause_hint
 from schemas.records import Alert, AlertState, JobPlacement, Lineage
+from schemas.wire import COLLECTIVES_SCHEMA
 
 RULE = "nccl_straggler"
 NONE_FOUND = "none found"
@@ -132,8 +133,7 @@ class StragglerDetector:
         :meth:`EpisodeTracker.all_episodes`). Returns firing/resolved straggler alerts."""
         s = self.settings
         if coll.num_rows:
-            cols = [c for c in coll.column_names if c in _KEEP]
-            coll = coll.select(cols)
+            coll = coll.select(_BUF.names).cast(_BUF)
             self.buffer = coll if self.buffer is None else pa.concat_tables([self.buffer, coll])
             self.watermark = max(self.watermark, int(pc.max(coll["ts_ns"]).as_py()))
         out: list[Alert] = []
@@ -148,7 +148,8 @@ class StragglerDetector:
             ready = cnt.filter(done).select(_KEY)
             if ready.num_rows:
                 whole = self.buffer.join(ready, _KEY, join_type="left semi")
-                self.buffer = self.buffer.join(ready, _KEY, join_type="left anti")
+                rest = self.buffer.join(ready, _KEY, join_type="left anti")
+                self.buffer = rest.select(_BUF.names).cast(_BUF)
                 out += self._judge(arrival_skew(whole, s), episodes, now_ns, lineage or [])
         out += self._resolve_quiet(self.watermark, now_ns)
         return out
@@ -285,7 +286,13 @@ class StragglerDetector:
         self.watermark = int(d.get("watermark", 0))
 
 
-_KEEP = frozenset({"ts_ns", "end_ns", "job", "comm", "op", "op_seq", "rank", "nranks", "device"})
+_BUF = pa.schema(
+    [
+        pa.field(f.name, f.type)  # nullable: joins drop NOT NULL, concat needs equal schemas
+        for f in COLLECTIVES_SCHEMA
+        if f.name in ("ts_ns", "end_ns", "job", "comm", "op", "op_seq", "rank", "nranks")
+    ]
+)
 
 
 def _on_path(e: OpenEpisode, path: dict[str, Any]) -> bool:

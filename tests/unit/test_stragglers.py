@@ -1,0 +1,148 @@
+"""NCCL stragglers: arrival skew, one alert per (job, straggler episode), cause through
+placement + topology + episodes, stable ids."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pipelines.episodes import EpisodeTracker, OpenEpisode
+from pipelines.stragglers import NONE_FOUND, StragglerDetector, arrival_skew
+from schemas.records import Alert, JobPlacement, RankPlacement
+from schemas.wire import COLLECTIVES_SCHEMA
+from tests.unit.derived_helpers import T0, S, batches, series
+
+NODES, GPUS = 4, 4
+MS = 1_000_000
+
+
+class Topo:
+    """node n<i>, gpu<k> → NIC mlx5_<k> on rail k, behind leaf-p0-r<k> port <i>."""
+
+    def resolve(self, node: str, device: str, t: int) -> Mapping[str, Any]:
+        k, i = int(device[3:]), int(node[1:])
+        return {"nic": f"mlx5_{k}", "leaf": f"leaf-p0-r{k}", "leaf_port": str(i), "rail": k}
+
+
+PLACEMENT = JobPlacement(
+    job="j1",
+    start_ns=T0 - 100 * S,
+    nodes=[f"n{i}" for i in range(NODES)],
+    ranks=[
+        RankPlacement(rank=i * GPUS + k, node=f"n{i}", gpu=f"gpu{k}")
+        for i in range(NODES)
+        for k in range(GPUS)
+    ],
+)
+
+
+def collectives(ops: range, late_rail: int | None = 3, late_ns: int = 20 * MS) -> list[pa.Table]:
+    """Per op, one batch per node (ranks of that node)."""
+    out = []
+    for s in ops:
+        for i in range(NODES):
+            rows = []
+            for k in range(GPUS):
+                r = i * GPUS + k
+                ts = T0 + s * S + r * 13_000 + (late_ns if k == late_rail else 0)
+                rows.append(
+                    {
+                        "ts_ns": ts,
+                        "end_ns": ts + 30 * MS,
+                        "job": "j1",
+                        "comm": "c0",
+                        "op": "AllReduce",
+                        "op_seq": s,
+                        "rank": r,
+                        "nranks": NODES * GPUS,
+                        "device": f"gpu{k}",
+                        "bytes": 1 << 28,
+                        "busbw_gbps": 180.0,
+                    }
+                )
+            out.append(pa.Table.from_pylist(rows, COLLECTIVES_SCHEMA))
+    return out
+
+
+def storm(port: str = "2", rail: int = 3, node: str = "n2") -> list[OpenEpisode]:
+    enr = {"leaf": f"leaf-p0-r{rail}", "leaf_port": port, "nic": f"mlx5_{rail}", "job": "j1"}
+    dev = f"mlx5_{rail}/1"
+    rows = series(node, f"{dev}/prio3", "nic.rx_prio_pause", [1.2e5] * 30, field="rate", **enr)
+    rows += series(node, dev, "rdma.np_cnp_sent", [4e3] * 30, field="rate", **enr)
+    tr = EpisodeTracker()
+    for now, t in batches(rows):
+        tr.update(t, now)
+    return tr.all_episodes()
+
+
+def run(det: StragglerDetector, tables: list[pa.Table], eps: list[OpenEpisode]) -> list[Alert]:
+    out: list[Alert] = []
+    for t in tables:
+        out += det.update(t, eps, int(pc.max(t["ts_ns"]).as_py()))
+    return out
+
+
+def test_arrival_skew_and_straggler_flags() -> None:
+    t = pa.concat_tables(collectives(range(1)))
+    sk = arrival_skew(t)
+    rows = sk.to_pylist()
+    assert [r["skew_ns"] for r in rows][:4] == [0, 13_000, 26_000, 39_000 + 20 * MS]
+    assert {r["rank"] for r in rows if r["straggler"]} == {3, 7, 11, 15}
+
+
+def test_straggler_alert_names_the_congested_port() -> None:
+    det = StragglerDetector([PLACEMENT], Topo())
+    eps = storm() + storm(port="1", rail=0, node="n1")  # a distractor off the straggler path
+    out = run(det, collectives(range(10)), eps)
+    assert len(out) == 1
+    a = out[0]
+    assert a.state.value == "firing" and a.rule == "nccl_straggler" and a.job == "j1"
+    assert a.cause is not None
+    assert a.cause.startswith("PFC storm on leaf-p0-r3 port 2 (prio 3): rx pause 1.2e+05/s")
+    assert "CNP 4e+03/s" in a.cause
+    assert a.evidence["port"] == "leaf-p0-r3/2"
+    assert a.evidence["peak"]["nic.rx_prio_pause"] == 1.2e5
+    assert a.evidence["matched_ranks"] == ["11"]
+    assert set(a.evidence["ranks"]) == {"3", "7", "11", "15"}
+    assert a.starts_ns == T0 + 3 * 13_000 + 20 * MS  # first straggler arrival (rank 3)
+    # healthy collectives for longer than quiet: resolved, same id
+    later = run(det, collectives(range(10, 80), late_rail=None), eps)
+    assert [x.state.value for x in later] == ["resolved"]
+    assert later[0].id == a.id and later[0].cause == a.cause
+
+
+def test_without_an_episode_the_cause_is_none_found() -> None:
+    det = StragglerDetector([PLACEMENT], Topo())
+    (a,) = run(det, collectives(range(10)), [])
+    assert a.cause == NONE_FOUND
+    (b,) = run(StragglerDetector([PLACEMENT], Topo()), collectives(range(10)), storm(rail=1))
+    assert b.cause == NONE_FOUND
+
+
+def test_throttling_on_the_rank_gpu_is_a_cause() -> None:
+    rows = series("n1", "gpu3", "gpu.clock_event_reasons", [float(0x40)] * 30)
+    tr = EpisodeTracker()
+    for now, t in batches(rows):
+        tr.update(t, now)
+    (a,) = run(StragglerDetector([PLACEMENT], Topo()), collectives(range(10)), tr.all_episodes())
+    assert a.cause is not None and a.cause.startswith("thermal throttling on n1/gpu3")
+
+
+def test_no_stragglers_no_alert_and_ids_stable_across_replay_and_duplicates() -> None:
+    assert run(StragglerDetector([PLACEMENT], Topo()), collectives(range(10), None), []) == []
+    tabs = collectives(range(10))
+    a = run(StragglerDetector([PLACEMENT], Topo()), tabs, storm())
+    dup = [t for t in tabs for _ in range(2)]  # every batch delivered twice
+    b = run(StragglerDetector([PLACEMENT], Topo()), dup, storm())
+    assert [(x.id, x.state) for x in a] == [(x.id, x.state) for x in b]
+    assert len(b) == 1
+    # restart mid-way: restored state does not fire the same episode twice
+    d1 = StragglerDetector([PLACEMENT], Topo())
+    first = run(d1, tabs[:24], storm())
+    d2 = StragglerDetector([PLACEMENT], Topo())
+    d2.restore(d1.to_dict())
+    rest = run(d2, tabs[24:], storm())
+    assert [(x.id, x.state) for x in first + rest] == [(x.id, x.state) for x in a]
