@@ -1,0 +1,1 @@
+"""Consumers of the derived streams: ``refinery alerts tail`` and webhook forwarding."""
