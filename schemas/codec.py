@@ -55,7 +55,8 @@ MAX_ROWS = 200_000
 def encode(envelope: Envelope, table: pa.Table, content_type: str = ARROW) -> tuple[str, bytes]:
     """Serialize one batch; returns ``(content_type, body)``. The table must fit its schema."""
     schema = PAYLOAD_SCHEMAS[envelope.kind]
-    table = table.select(schema.names).cast(schema)
+    if not table.schema.equals(schema):  # the common case needs no select or cast
+        table = table.select(schema.names).cast(schema)
     if content_type == ARROW:
         meta = {ENVELOPE_KEY: envelope.model_dump_json(exclude_none=True).encode()}
         sink = pa.BufferOutputStream()

@@ -25,6 +25,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "services.exporters.nccl_cli",
     "services.topology.cli",
     "services.worker.cli",
+    "services.simulate.cli",
 )
 
 Handler = Callable[[argparse.Namespace, RefinerySettings], int]

@@ -168,7 +168,12 @@ class BatchProducer:
             if self._on_delivery is not None:
                 part = msg.partition() if err is None else -1
                 off = msg.offset() if err is None else -1
-                self._on_delivery(item.tag, err, part if part is not None else -1, off or -1)
+                self._on_delivery(
+                    item.tag,
+                    err,
+                    part if part is not None else -1,
+                    off if off is not None else -1,
+                )
 
         return cb
 

@@ -1,0 +1,149 @@
+"""The real worker as a subprocess against a real broker: refine, dead-letter, account,
+create its changelog topics, stop cleanly on SIGTERM, crash loudly on corrupt state."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient
+
+from schemas.codec import ARROW, JSON, encode
+from schemas.wire import SAMPLES_SCHEMA, Envelope, SourceId
+from tests.integration.worker_helpers import accounting, fresh_topics, read_all, running_worker
+
+pytestmark = [pytest.mark.kafka, pytest.mark.slow]
+
+
+def batch(
+    node: str, seq: int, t0: int, n: int = 50, bad: int = 0, sent_ns: int | None = None
+) -> tuple[Envelope, pa.Table]:
+    """Samples read at ``t0`` and handed to Kafka at ``sent_ns`` (default: now)."""
+    env = Envelope(
+        source=SourceId(node=node, exporter="node", instance="0", boot_id="b1"),
+        seq=seq,
+        sent_ns=sent_ns if sent_ns is not None else time.time_ns(),
+    )
+    metric = ["cpu.user_seconds"] * n
+    for i in range(bad):
+        metric[i] = "no.such_metric"
+    t = pa.table(
+        {
+            "ts_ns": [t0] * n,
+            "metric": metric,
+            "device": [f"cpu{i}" for i in range(n)],
+            "value": [float(seq * 100 + i) for i in range(n)],
+            "raw": pa.array([seq * 100 + i for i in range(n)], pa.uint64()),
+            "text": pa.nulls(n, pa.string()),
+        },
+        schema=SAMPLES_SCHEMA,
+    )
+    return env, t
+
+
+def produce(bootstrap: str, topic: str, items: list[tuple[bytes, bytes, str | None]]) -> None:
+    p = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
+    for key, value, ct in items:
+        p.produce(topic, value, key=key, headers=[("content-type", ct.encode())] if ct else [])
+    assert p.flush(30) == 0
+
+
+def test_worker_refines_dead_letters_accounts_and_stops_cleanly(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    prefix = fresh_topics(kafka_bootstrap)
+    raw = prefix + "telemetry.raw"
+    now = time.time_ns()
+    items: list[tuple[bytes, bytes, str | None]] = []
+    for seq in range(6):
+        env, t = batch("n1", seq, now - (6 - seq) * 1_000_000_000, bad=2 if seq == 3 else 0)
+        ct, body = encode(env, t, JSON if seq % 2 else ARROW)
+        items.append((b"n1", body, ct))
+    items.append((b"n1", items[1][1], JSON))  # the same batch published twice
+    items.append((b"n1", b"\x00garbage", ARROW))  # poison record
+    items.append((b"n1", b"{}", "text/csv"))  # unsupported content type
+    with running_worker(kafka_bootstrap, prefix, tmp_path) as w:
+        produce(kafka_bootstrap, raw, items)
+        acc = accounting(kafka_bootstrap, prefix, expect=len(items))
+        assert len(acc) == len(items), w.tail()
+        by_outcome: dict[str, int] = {}
+        for a in acc:
+            by_outcome[str(a["outcome"])] = by_outcome.get(str(a["outcome"]), 0) + 1
+            assert a["input_samples"] == (
+                int(a["refined_samples"])
+                + int(a["duplicate_samples"])  # type: ignore[call-overload]
+                + int(a["quarantined_samples"])  # type: ignore[call-overload]
+            )
+        assert by_outcome == {"refined": 6, "duplicate": 1, "deadletter": 2}
+        refined = read_all(kafka_bootstrap, prefix + "telemetry.refined", until=6)
+        tables = [pa.ipc.open_stream(v).read_all() for _, v, _ in refined]
+        assert sum(t.num_rows for t in tables) == 6 * 50 - 2
+        # deltas flow across batches: raw increases by 100 ticks (0.01 s each) per batch
+        allrows = pa.concat_tables(tables).to_pydict()
+        deltas = [d for d in allrows["delta"] if d is not None]
+        # cpu0 and cpu1 were rejected in batch 3, so their next delta spans two intervals
+        assert len(deltas) == 5 * 50 - 2
+        assert sorted(round(d, 9) for d in deltas) == [1.0] * (5 * 50 - 4) + [2.0, 2.0]
+        dls = [
+            json.loads(v)
+            for _, v, _ in read_all(kafka_bootstrap, prefix + "telemetry.deadletter", until=3)
+        ]
+        reasons = sorted(d["reason"] for d in dls)
+        assert reasons == ["undecodable", "unknown_metric", "unsupported_content_type"]
+        assert next(d for d in dls if d["reason"] == "unknown_metric")["samples"] == 2
+        # the changelog topics of its tables exist on the broker
+        topics = AdminClient({"bootstrap.servers": kafka_bootstrap}).list_topics(timeout=10).topics
+        assert f"{prefix}worker-refine-streams-changelog" in topics
+        assert f"{prefix}worker-refine-nodes-changelog" in topics
+        assert w.stop(signal.SIGTERM) == 0, w.tail()
+
+
+def test_corrupt_state_crashes_the_worker_nonzero(
+    kafka_bootstrap: str, tmp_path: Path, unique_topic: Callable[..., str]
+) -> None:
+    prefix = fresh_topics(kafka_bootstrap)
+    app_id = prefix + "worker"
+    # a corrupt state blob in the changelog for stream n9|node|0 — as a broken disk or a bad
+    # deploy would leave it
+    changelog = f"{app_id}-refine-streams-changelog"
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    from confluent_kafka.admin import NewTopic  # type: ignore[attr-defined]
+
+    admin.create_topics(
+        [
+            NewTopic(
+                changelog,
+                num_partitions=8,
+                replication_factor=1,
+                config={"cleanup.policy": "compact"},
+            )
+        ]
+    )[changelog].result(30)
+    p = Producer({"bootstrap.servers": kafka_bootstrap})
+    from confluent_kafka.admin import AdminClient as _A  # noqa: F401
+
+    # the raw topic's partitioner decides the partition of key n9; use the same for the state
+    env, t = batch("n9", 0, time.time_ns())
+    ct, body = encode(env, t, ARROW)
+    p.produce(
+        prefix + "telemetry.raw",
+        body,
+        key=b"n9",
+        headers=[("content-type", ct.encode())],
+        on_delivery=lambda err, m: p.produce(
+            changelog, b"not a state blob", key=b"n9|node|0", partition=m.partition()
+        ),
+    )
+    p.flush(10)
+    p.poll(1)
+    p.flush(10)
+    with running_worker(kafka_bootstrap, prefix, tmp_path, app_id=app_id) as w:
+        rc = w.proc.wait(120)
+        assert rc != 0, w.tail()
+        assert "not a refinery state blob" in w.log.read_text(errors="replace")
