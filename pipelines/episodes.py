@@ -229,7 +229,7 @@ class EpisodeTracker:
         t = t.filter(pc.is_valid(column(t, "value"))) if t.num_rows else t
         if t.num_rows == 0:
             return []
-        bits = pc.bit_wise_and(pc.cast(column(t, "value"), pa.int64()), THROTTLE_BITS)
+        bits = pc.bit_wise_and(pc.cast(column(t, "value"), pa.int64(), safe=False), THROTTLE_BITS)
         key = pc.binary_join_element_wise(column(t, "node"), column(t, "device"), "/")
         tt = pa.table({"key": key, "bits": bits, "ts": column(t, "ts"), "job": column(t, "job")})
         tt = tt.append_column("node", column(t, "node"))

@@ -160,7 +160,9 @@ def eval_bitmask(
     m = catalog[rule.metric]
     want = {name for name in rule.bits}
     mask = sum(1 << b for b, n in m.bits.items() if n in want)
-    hit = pc.not_equal(pc.bit_wise_and(pc.cast(column(t, "value"), pa.int64()), mask), 0)
+    hit = pc.not_equal(
+        pc.bit_wise_and(pc.cast(column(t, "value"), pa.int64(), safe=False), mask), 0
+    )
     cls = pc.if_else(hit, pa.scalar(HI, pa.int8()), pa.scalar(LO, pa.int8()))
     sel, classes = _runs(t, cls)
 
@@ -267,7 +269,7 @@ def eval_metric_events(
     t = t.filter(pc.is_valid(column(t, "value"))) if t.num_rows else t
     if t.num_rows == 0:
         return []
-    sel, _ = _runs(t, pc.cast(column(t, "value"), pa.int64()))
+    sel, _ = _runs(t, pc.cast(column(t, "value"), pa.int64(), safe=False))
     out: list[Alert] = []
     for row in _rows(sel):
         key, v = row["_key"], float(row["value"])
