@@ -52,11 +52,36 @@ _NULL_F64 = pa.scalar(None, pa.float64())
 _NULL_STR = pa.scalar(None, pa.string())
 
 
+@dataclass(frozen=True)
+class _Layout:
+    metric: Array
+    device: Array
+    cmask: Array
+    ci: Array  # positions of counter rows
+    keys: Array  # their series keys, unique, = state.table["key"]
+    mx: Array
+    sat: Array
+    scale: Array
+    inv: Array  # permutation from [counter rows, other rows] back to row order
+    boot: str
+
+    def matches(self, table: pa.Table, cmask: Array, boot_id: str) -> bool:
+        return bool(
+            boot_id == self.boot
+            and column(table, "metric").equals(self.metric)
+            and column(table, "device").equals(self.device)
+            and cmask.equals(self.cmask)
+        )
+
+
 @dataclass
 class CounterState:
     """Last accepted reading per counter series of one source stream."""
 
     table: pa.Table = field(default_factory=STATE_SCHEMA.empty_table)
+    # When the state holds exactly the counter series of the last batch, in its row order,
+    # the next batch with the same layout is computed positionally (no sort, no lookup).
+    layout: _Layout | None = field(default=None, compare=False, repr=False)
 
     def __len__(self) -> int:
         return int(self.table.num_rows)
@@ -94,12 +119,20 @@ def derive_rates(
     n = table.num_rows
     null_reason = column(table, "null_reason")
     raw_all = column(table, "raw")
-    cmask = pc.and_(pc.equal(column(table, "kind"), COUNTER), pc.is_valid(raw_all))
+    cmask = pc.and_(
+        pc.and_(pc.equal(column(table, "kind"), COUNTER), pc.is_valid(raw_all)),
+        pc.is_null(null_reason),  # a sentinel reading is no reading
+    )
     if n == 0 or not any_true(cmask):
         false = pa.repeat(pa.scalar(False), n) if n else pa.array([], pa.bool_())
         nulls = pa.nulls(n, pa.float64())
         return CounterColumns(nulls, nulls, false, false, null_reason), state
 
+    lay = state.layout
+    if lay is not None and lay.matches(table, cmask, boot_id):
+        fast = _positional(table, ts, state, lay, null_reason)
+        if fast is not None:
+            return fast
     ci = where(cmask)
     key = pc.binary_join_element_wise(
         pc.take(column(table, "metric"), ci), pc.take(column(table, "device"), ci), "|"
@@ -135,34 +168,14 @@ def derive_rates(
         late_pos = pa.array([], pa.int64())
 
     ku, tu, cur = column(s, "key"), column(s, "ts"), column(s, "raw")
-    mx, sat = column(s, "max"), column(s, "sat")
     gstart = pc.invert(true_mask(pc.equal(ku, prev(ku))))
     prev_raw = pc.if_else(gstart, st_raw, prev(cur))
     prev_ts = pc.if_else(gstart, st_ts, prev(tu))
-    has_prev = pc.is_valid(prev_raw)
     boot_change = pc.and_(gstart, pc.invert(same_boot))
-    d = pc.bit_wise_and(pc.subtract(cur, prev_raw), mx)  # uint64 arithmetic wraps mod 2**64
-    decreased = true_mask(pc.less(cur, prev_raw))
-    wrap_ok = pc.and_(
-        pc.invert(sat), true_mask(pc.less_equal(d, pc.shift_right(mx, pa.scalar(1, pa.uint64()))))
-    )
-    reset = pc.and_(has_prev, pc.or_(boot_change, pc.and_(decreased, pc.invert(wrap_ok))))
-    saturated = pc.and_(sat, pc.equal(cur, mx))
-    no_delta = pc.or_(pc.or_(reset, pc.invert(has_prev)), saturated)
-    delta = pc.if_else(
-        no_delta, _NULL_F64, pc.multiply(pc.cast(d, pa.float64(), safe=False), column(s, "scale"))
-    )
-    dt_s = pc.divide(pc.cast(pc.subtract(tu, prev_ts), pa.float64()), 1e9)
-    rate = pc.divide(delta, dt_s)
-    reason = pc.if_else(
-        reset,
-        NullReason.RESET.value,
-        pc.if_else(
-            saturated,
-            NullReason.SATURATED.value,
-            pc.if_else(has_prev, _NULL_STR, NullReason.FIRST_SAMPLE.value),
-        ),
-    )
+    delta, rate, reset, reason = _deltas(
+        cur, prev_raw, tu, prev_ts, column(s, "max"), column(s, "sat"), column(s, "scale"),
+        boot_change,
+    )  # fmt: skip
 
     is_last = pc.invert(true_mask(pc.equal(ku, nxt(ku))))
     upd = pa.table(
@@ -175,6 +188,28 @@ def derive_rates(
         schema=STATE_SCHEMA,
     )
     new_state = CounterState(merge_keyed(st, upd, "key"))
+    if (
+        not len(late_pos)
+        and new_state.table.num_rows == len(ci)
+        and not any_true(pc.equal(ku, prev(ku)))
+    ):  # the state is exactly this batch's series: keep it in row order for the fast path
+        other = where(pc.invert(cmask))
+        new_state = CounterState(
+            pa.table(
+                {
+                    "key": key,
+                    "raw": column(sub, "raw"),
+                    "ts": column(sub, "ts"),
+                    "boot": pa.repeat(pa.scalar(boot_id), len(ci)),
+                },
+                schema=STATE_SCHEMA,
+            ),
+            _Layout(
+                column(table, "metric"), column(table, "device"), cmask, ci, key,
+                column(sub, "max"), column(sub, "sat"), column(sub, "scale"),
+                pc.sort_indices(pa.concat_arrays([ci, other])), boot_id,
+            ),
+        )  # fmt: skip
 
     # scatter back to input order: computed rows, late rows, then non-counter rows
     other_pos = where(pc.invert(cmask))
@@ -207,6 +242,78 @@ def derive_rates(
     return cols, new_state
 
 
+def _deltas(
+    cur: Array,
+    prev_raw: Array,
+    tu: Array,
+    prev_ts: Array,
+    mx: Array,
+    sat: Array,
+    scale: Array,
+    boot_change: Array,
+) -> tuple[Array, Array, Array, Array]:
+    """The module rules over aligned arrays: ``(delta, rate, reset, null_reason)``."""
+    has_prev = pc.is_valid(prev_raw)
+    d = pc.bit_wise_and(pc.subtract(cur, prev_raw), mx)  # uint64 arithmetic wraps mod 2**64
+    decreased = true_mask(pc.less(cur, prev_raw))
+    wrap_ok = pc.and_(
+        pc.invert(sat), true_mask(pc.less_equal(d, pc.shift_right(mx, pa.scalar(1, pa.uint64()))))
+    )
+    reset = pc.and_(has_prev, pc.or_(boot_change, pc.and_(decreased, pc.invert(wrap_ok))))
+    saturated = pc.and_(sat, pc.equal(cur, mx))
+    no_delta = pc.or_(pc.or_(reset, pc.invert(has_prev)), saturated)
+    delta = pc.if_else(
+        no_delta, _NULL_F64, pc.multiply(pc.cast(d, pa.float64(), safe=False), scale)
+    )
+    rate = pc.divide(delta, pc.divide(pc.cast(pc.subtract(tu, prev_ts), pa.float64()), 1e9))
+    reason = pc.if_else(
+        reset,
+        NullReason.RESET.value,
+        pc.if_else(
+            saturated,
+            NullReason.SATURATED.value,
+            pc.if_else(has_prev, _NULL_STR, NullReason.FIRST_SAMPLE.value),
+        ),
+    )
+    return delta, rate, reset, reason
+
+
+def _positional(
+    table: pa.Table, ts: Array, state: CounterState, lay: _Layout, null_reason: Array
+) -> tuple[CounterColumns, CounterState] | None:
+    """Fast path: same series in the same order as the state; None if any sample is late."""
+    raw_all = column(table, "raw")
+    cur = pc.take(raw_all, lay.ci)
+    tu = pc.take(ts, lay.ci)
+    st = state.table
+    prev_ts = column(st, "ts")
+    if any_true(pc.less_equal(tu, prev_ts)):
+        return None
+    no_boot_change = pa.repeat(pa.scalar(False), len(lay.ci))
+    delta, rate, reset, reason = _deltas(
+        cur, column(st, "raw"), tu, prev_ts, lay.mx, lay.sat, lay.scale, no_boot_change
+    )
+    m, n = len(lay.ci), table.num_rows
+    fill = n - m
+
+    def back(arr: Array, typ: pa.DataType, other: Any) -> Array:
+        if not fill:
+            return pc.take(arr, lay.inv)
+        return pc.take(pa.concat_arrays([arr.cast(typ), pa.repeat(pa.scalar(other, typ), fill)]),
+                       lay.inv)  # fmt: skip
+
+    cols = CounterColumns(
+        delta=back(delta, pa.float64(), None),
+        rate=back(rate, pa.float64(), None),
+        reset=back(reset, pa.bool_(), False),
+        late=pa.repeat(pa.scalar(False), n),
+        null_reason=pc.coalesce(null_reason, back(reason, pa.string(), None)),
+    )
+    new = pa.table({"key": lay.keys, "raw": cur, "ts": tu, "boot": column(st, "boot")},
+                   schema=STATE_SCHEMA)  # fmt: skip
+    return cols, CounterState(new, lay)
+
+
 class StateDecoder:
     """Bitmask/enum readings → comma-joined names, decoded once per distinct (metric, value)
     and memoized (bounded)."""
@@ -229,13 +336,20 @@ class StateDecoder:
         mask = pc.and_(mask, pc.is_valid(as_int))
         if not any_true(mask):
             return pa.nulls(n, pa.string())
+        pos = where(mask)
         key = pc.binary_join_element_wise(
-            column(table, "metric"), pc.cast(as_int, pa.string()), "|"
+            pc.take(column(table, "metric"), pos),
+            pc.cast(pc.take(as_int, pos), pa.string()),
+            "|",
         )
-        key = pc.if_else(mask, key, _NULL_STR)
         enc = key.dictionary_encode()
-        names = [self._name(k) for k in enc.dictionary.to_pylist()]
-        return pc.take(pa.array(names, pa.string()), enc.indices)
+        names = pa.array([self._name(k) for k in enc.dictionary.to_pylist()], pa.string())
+        decoded = pc.take(names, enc.indices)
+        if len(pos) == n:
+            return decoded
+        # scatter back: rows in ``mask`` take their name in order, the others NULL
+        slot = pc.subtract(pc.cumulative_sum(pc.cast(mask, pa.int64())), 1)
+        return pc.take(decoded, pc.if_else(mask, slot, pa.scalar(None, pa.int64())))
 
     def _name(self, key: str) -> str | None:
         hit = self._memo.get(key)

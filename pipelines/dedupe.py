@@ -17,9 +17,9 @@ Memory per source is bounded by ``window`` entries.
 
 **Overlapping sources.** The same series ``(node, device, metric)`` and the same ``ts_ns``
 from two sources: the first seen wins, the later copy is counted as a duplicate.
-:class:`OverlapState` (one per node) holds, per series, the source timestamps of the last
-batch that delivered it and which source delivered them. A row is an overlap duplicate iff
-its ``(series, ts_ns)`` is in that set *and* it comes from a different source. Distinct
+:class:`OverlapState` (one per node) holds, per source and series, the source timestamps of
+the last batch in which that source delivered the series. A row is an overlap duplicate iff
+its ``(series, ts_ns)`` was delivered by a *different* source of the node. Distinct
 readings are never dropped: a flat series (same value, different ts) differs in ts, and a
 source repeating its own timestamp is not an overlap (counters mark it late instead). A copy
 lagging by more than one batch of the other source is not recognised; it is kept (the safe
@@ -35,7 +35,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipelines._arrow import Array, any_true, merge_keyed, true_mask
+from pipelines._arrow import Array, any_true, column
 
 Position = tuple[int, int]  # (partition, offset)
 
@@ -103,34 +103,43 @@ class SeqWindow:
 
 OVERLAP_SCHEMA = pa.schema(
     [
-        pa.field("key", pa.string()),  # metric|device
-        pa.field("point", pa.string()),  # metric|device|ts_ns
-        pa.field("src", pa.string()),  # stream key of the source that delivered it
+        pa.field("metric", pa.string()),
+        pa.field("device", pa.string()),
+        pa.field("ts", pa.int64()),  # ts_ns as the source stamped it
     ]
 )
 
 
 @dataclass
 class OverlapState:
-    """Per node: the (series, ts) points of the last batch that delivered each series."""
+    """Per node: for each source (stream key), the (series, ts) points of the last batch in
+    which it delivered each series. Only nodes with two or more sources pay for a check."""
 
-    table: pa.Table = field(default_factory=OVERLAP_SCHEMA.empty_table)
+    sources: dict[str, pa.Table] = field(default_factory=dict)
 
     def __len__(self) -> int:
-        return int(self.table.num_rows)
+        return sum(int(t.num_rows) for t in self.sources.values())
 
-    def to_dict(self) -> dict[str, list[Any]]:
-        return {name: self.table.column(name).to_pylist() for name in OVERLAP_SCHEMA.names}
+    def to_dict(self) -> dict[str, dict[str, list[Any]]]:
+        return {
+            src: {name: t.column(name).to_pylist() for name in OVERLAP_SCHEMA.names}
+            for src, t in self.sources.items()
+        }
 
     @classmethod
-    def from_dict(cls, doc: dict[str, list[Any]]) -> OverlapState:
-        return cls(pa.table(doc, schema=OVERLAP_SCHEMA))
+    def from_dict(cls, doc: dict[str, dict[str, list[Any]]]) -> OverlapState:
+        return cls({src: pa.table(cols, schema=OVERLAP_SCHEMA) for src, cols in doc.items()})
 
 
 @dataclass(frozen=True)
 class OverlapResult:
     keep: Array  # bool per row: False for an overlap duplicate
     duplicates: int
+
+
+def _points(metric: Array, device: Array, ts: Array) -> Array:
+    key = pc.binary_join_element_wise(metric, device, "|")
+    return pc.binary_join_element_wise(key, pc.cast(ts, pa.string()), "|")
 
 
 def drop_overlaps(
@@ -142,21 +151,39 @@ def drop_overlaps(
     n = len(metric)
     if n == 0:
         return OverlapResult(pa.array([], pa.bool_()), 0), state
-    key = pc.binary_join_element_wise(metric, device, "|")
-    point = pc.binary_join_element_wise(key, pc.cast(ts_source, pa.string()), "|")
-    st = state.table
+    others = [t for src, t in state.sources.items() if src != source and t.num_rows]
     dup_count = 0
-    keep = pa.repeat(pa.scalar(True), n)
-    if st.num_rows:
-        hit = pc.index_in(point, value_set=st.column("point"))
-        other = true_mask(pc.not_equal(pc.take(st.column("src"), hit), source))
-        if any_true(other):
-            keep = pc.invert(other)
+    keep = None
+    if others:
+        seen = pa.concat_arrays(
+            [_points(column(t, "metric"), column(t, "device"), column(t, "ts")) for t in others]
+        )
+        hit = pc.is_in(_points(metric, device, ts_source), value_set=seen)
+        if any_true(hit):
+            keep = pc.invert(hit)
             dup_count = n - (pc.sum(keep).as_py() or 0)
-    kept = pa.table(
-        {"key": key, "point": point, "src": pa.repeat(pa.scalar(source), n)},
-        schema=OVERLAP_SCHEMA,
-    )
-    if dup_count:
-        kept = kept.filter(keep)
-    return OverlapResult(keep, dup_count), OverlapState(merge_keyed(st, kept, "key"))
+    mine = pa.Table.from_arrays([metric, device, ts_source], schema=OVERLAP_SCHEMA)
+    if keep is not None:
+        mine = mine.filter(keep)
+    old = state.sources.get(source)
+    sources = dict(state.sources)
+    if old is None or (
+        not dup_count
+        and column(old, "metric").equals(metric)
+        and column(old, "device").equals(device)
+    ):
+        sources[source] = mine  # same series as last time: a plain replacement
+    else:
+        sources[source] = _merge_series(old, mine)
+    if keep is None:
+        keep = pa.repeat(pa.scalar(True), n)
+    return OverlapResult(keep, dup_count), OverlapState(sources)
+
+
+def _merge_series(old: pa.Table, new: pa.Table) -> pa.Table:
+    """Points of ``old`` for series absent from ``new``, then all of ``new``."""
+    if new.num_rows == 0:
+        return old
+    k_old = pc.binary_join_element_wise(column(old, "metric"), column(old, "device"), "|")
+    k_new = pc.binary_join_element_wise(column(new, "metric"), column(new, "device"), "|")
+    return pa.concat_tables([old.filter(pc.invert(pc.is_in(k_old, value_set=k_new))), new])

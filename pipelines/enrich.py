@@ -110,6 +110,7 @@ class TopologyIndex:
         self._fabric_bounds = sorted(bounds_fabric)
         self._cache: OrderedDict[tuple[str, int], tuple[dict[str, Row], pa.Table]] = OrderedDict()
         self._cache_size = cache_size
+        self._last: dict[str, tuple[int, Array, pa.Table]] = {}  # node → its last answer
         self.resolutions = 0  # (node, interval, device) resolutions done: cache misses
 
     # --- per-row resolution (cached; runs once per node, interval, device) -----------------
@@ -244,11 +245,19 @@ class TopologyIndex:
         lo, hi = tmin.as_py(), tmax.as_py()
         bounds = self._bounds.get(node, self._fabric_bounds)
         inside = bounds[bisect.bisect_right(bounds, lo) : bisect.bisect_right(bounds, hi)]
+        epoch = bisect.bisect_right(bounds, lo)
+        last = self._last.get(node)
+        if not inside and last is not None and last[0] == epoch and last[1].equals(device):
+            return last[2]  # same devices in the same version as the node's previous batch
         devices = pc.unique(device).to_pylist()
         table = self._table(node, lo, devices)
         out = table.take(pc.index_in(device, value_set=table.column("device"))).drop_columns(
             ["device"]
         )
+        if not inside:
+            if len(self._last) >= self._cache_size:
+                self._last.clear()
+            self._last[node] = (epoch, device, out)
         for b in inside:  # rows at or after a boundary take the next version
             later = pc.greater_equal(ts, b)
             nxt_t = self._table(node, b, devices)

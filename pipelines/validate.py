@@ -37,7 +37,7 @@ Example::
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
@@ -195,13 +195,65 @@ def _sentinel_mask(
     return mask
 
 
+@dataclass
+class LayoutCache:
+    """What validation derives from a batch's metric/device columns alone (one per source)."""
+
+    metric: Array = None
+    device: Array = None
+    catalog: Catalog | None = None
+    limits: ValidateLimits | None = None
+    idx: Array = None
+    metrics: list[Metric | None] = field(default_factory=list)
+    attr: dict[str, Array] = field(default_factory=dict)
+    is_counter: Array = None
+    unknown: Array = None
+    bad_device: Array = None
+    row_index: Array = None
+
+
+def _layout(
+    metric: Array,
+    device: Array,
+    catalog: Catalog,
+    limits: ValidateLimits,
+    cache: LayoutCache | None,
+) -> LayoutCache:
+    if (
+        cache is not None
+        and cache.catalog is catalog
+        and cache.limits == limits
+        and cache.metric is not None
+        and cache.metric.equals(metric)
+        and cache.device.equals(device)
+    ):
+        return cache
+    lay = cache if cache is not None else LayoutCache()
+    enc = metric.dictionary_encode()
+    lay.metric, lay.device, lay.catalog, lay.limits = metric, device, catalog, limits
+    lay.idx = enc.indices
+    lay.metrics = [lookup(catalog, s) for s in enc.dictionary.to_pylist()]
+    lay.attr = _per_metric(lay.metrics, lay.idx)
+    lay.is_counter = true_mask(pc.equal(lay.attr["kind"], COUNTER))
+    lay.unknown = pc.invert(lay.attr["known"])
+    dev_len = pc.utf8_length(device)
+    lay.bad_device = pc.or_(pc.equal(dev_len, 0), pc.greater(dev_len, limits.max_device_len))
+    lay.row_index = pa.array(range(len(metric)), pa.int64())
+    return lay
+
+
 def validate_samples(
     table: pa.Table,
     catalog: Catalog,
     now_ns: int,
     limits: ValidateLimits = ValidateLimits(),
+    layout: LayoutCache | None = None,
 ) -> Validated:
     """Check every row of a samples table (:data:`schemas.wire.SAMPLES_SCHEMA`).
+
+    ``layout`` (one per source, optional) remembers what depends only on the batch's
+    ``metric``/``device`` columns; exporters send the same series in the same order every
+    scrape, so the next batch with equal columns skips that work.
 
     Does not block or raise on any content of the table; returns accepted rows and the
     rejected row groups.
@@ -209,29 +261,26 @@ def validate_samples(
     n = table.num_rows
     if n == 0:
         return Validated(ACCEPTED_SCHEMA.empty_table(), [])
-    metric_enc = column(table, "metric").dictionary_encode()
-    names = metric_enc.dictionary.to_pylist()
-    idx = metric_enc.indices
-    metrics = [lookup(catalog, s) for s in names]
-    attr = _per_metric(metrics, idx)
+    metric_col = column(table, "metric")
+    device = column(table, "device")
+    lay = _layout(metric_col, device, catalog, limits, layout)
+    idx, metrics, attr = lay.idx, lay.metrics, lay.attr
 
     ts = column(table, "ts_ns")
-    device = column(table, "device")
     value = _optional(table, "value", pa.float64())
     raw = _optional(table, "raw", pa.uint64())
     text = _optional(table, "text", pa.string())
     kind = attr["kind"]
-    is_counter = pc.equal(kind, COUNTER)
+    is_counter = lay.is_counter
     raw_f = pc.cast(raw, pa.float64(), safe=False)
     reading = pc.if_else(is_counter, pc.coalesce(raw_f, value), pc.coalesce(value, raw_f))
 
     sentinel = _sentinel_mask(metrics, idx, reading, text)
     not_sentinel = pc.invert(true_mask(sentinel)) if sentinel is not None else None
 
-    dev_len = pc.utf8_length(device)
     checks: list[Array] = [
-        pc.invert(attr["known"]),
-        pc.or_(pc.equal(dev_len, 0), pc.greater(dev_len, limits.max_device_len)),
+        lay.unknown,
+        lay.bad_device,
         pc.or_(pc.less(ts, now_ns - limits.past_ns), pc.greater(ts, now_ns + limits.future_ns)),
     ]
     no_reading = pc.is_null(reading)
@@ -253,13 +302,16 @@ def validate_samples(
         out_of_range = pc.and_(out_of_range, not_sentinel)
     checks.append(out_of_range)
 
-    code = pa.nulls(n, pa.int8())
-    for c in range(len(checks) - 1, -1, -1):  # lowest priority first, so the first one wins
-        code = pc.if_else(true_mask(checks[c]), pa.scalar(c, pa.int8()), code)
-    bad = pc.is_valid(code)
+    checks = [true_mask(c) for c in checks]
+    any_bad = checks[0]
+    for c in checks[1:]:
+        any_bad = pc.or_(any_bad, c)
     rejected: list[RejectedRows] = []
-    nbad = pc.sum(bad).as_py() or 0
+    nbad = pc.sum(any_bad).as_py() or 0
     if nbad:
+        code = pa.nulls(n, pa.int8())
+        for c in range(len(checks) - 1, -1, -1):  # lowest priority first: the first one wins
+            code = pc.if_else(checks[c], pa.scalar(c, pa.int8()), code)
         present = pc.unique(pc.drop_null(code)).to_pylist()
         for c in sorted(present):
             rows = where(pc.equal(code, c))
@@ -279,7 +331,7 @@ def validate_samples(
     )
     acc = pa.Table.from_arrays(
         [
-            pa.array(range(n), pa.int64()),
+            lay.row_index,
             ts,
             attr["metric"],
             device,
@@ -296,7 +348,7 @@ def validate_samples(
         schema=ACCEPTED_SCHEMA,
     )
     if nbad:
-        acc = acc.filter(pc.invert(bad))
+        acc = acc.filter(pc.invert(any_bad))
     return Validated(acc, rejected)
 
 
