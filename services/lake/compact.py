@@ -44,7 +44,13 @@ from services.lake.layout import (
     parse_file_name,
     parse_hour,
 )
-from services.lake.writer import CrashSeam, sort_table, write_options, write_parquet_durably
+from services.lake.writer import (
+    CrashSeam,
+    encode_strings,
+    sort_table,
+    write_options,
+    write_parquet_durably,
+)
 
 LOCK_NAME = ".compact.lock"
 
@@ -78,10 +84,12 @@ class Compactor:
         *,
         row_group_rows: int = 1 << 20,
         grace_s: float = 30.0,
+        compression_level: int = 9,
         crash_at: str | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.paths = LakePaths(root)
+        self.compression_level = compression_level
         self.row_group_rows = row_group_rows
         self.grace_s = grace_s
         self.seam = CrashSeam(crash_at)
@@ -157,11 +165,12 @@ class Compactor:
                 report.skipped.append(f"{f.path}: unknown columns {sorted(extra)}")
                 return None
             tables.append(conform(t, ds.schema))
-        merged = sort_table(pa.concat_tables(tables), ds.sort_by)
+        merged = sort_table(encode_strings(pa.concat_tables(tables)), ds.sort_by)
         name = file_name(part, min(f.first for f in inputs), max(f.last for f in inputs))
         tmp = hdir / f".compact-{name[:-8]}{PARTIAL_SUFFIX}"
         try:
-            write_parquet_durably(merged, tmp, write_options(ds.schema, self.row_group_rows))
+            opts = write_options(ds.schema, self.row_group_rows, self.compression_level)
+            write_parquet_durably(merged, tmp, opts)
             self.seam.reach("compact_before_rename")
             os.replace(tmp, hdir / name)
         except BaseException:

@@ -251,6 +251,10 @@ def topology(nodes: int = 4, *, valid_from: int = 0) -> pa.Table:
     return conform(pa.table(rows), TOPOLOGY_SCHEMA)
 
 
+def _chunk(t: pa.Table, n: int) -> list[pa.Table]:
+    return [t.slice(i, n) for i in range(0, t.num_rows, n)]
+
+
 def land_lake(
     writer: LakeWriter,
     samples: pa.Table,
@@ -260,16 +264,16 @@ def land_lake(
     with_side_datasets: bool = True,
 ) -> int:
     """Land ``samples`` as a stream of small flushes (``chunk_rows`` each) spread over
-    ``partitions`` source partitions, plus matching collectives, topology, jobs, accounting,
-    dead letters, alerts and episodes. Returns the number of sample files written."""
+    ``partitions`` source partitions by node (as the node-keyed topic would), plus matching
+    collectives, topology, jobs, accounting, dead letters, alerts and episodes. Returns the
+    number of sample files written."""
     files = 0
-    next_off = [0] * partitions
-    for i in range(0, samples.num_rows, chunk_rows):
-        p = (i // chunk_rows) % partitions
-        first = next_off[p]
-        next_off[p] += 3
-        chunk = samples.slice(i, chunk_rows)
-        files += len(writer.land("samples", chunk, partition=p, first=first, last=first + 2))
+    node_no = pc.cast(pc.utf8_slice_codeunits(samples.column("node"), 4), pa.int64()).to_numpy()
+    for p in range(partitions):  # the refined topic is keyed by node
+        rows = samples.filter(pa.array(node_no % partitions == p))
+        for i, chunk in enumerate(_chunk(rows, chunk_rows)):
+            first = 3 * i
+            files += len(writer.land("samples", chunk, partition=p, first=first, last=first + 2))
     if not with_side_datasets:
         return files
     start = int(pc.min(samples.column("ts")).as_py())

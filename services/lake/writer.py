@@ -68,12 +68,15 @@ class CrashSeam:
                 os._exit(137)
 
 
-def write_options(schema: pa.Schema, row_group_rows: int) -> dict[str, object]:
+def write_options(
+    schema: pa.Schema, row_group_rows: int, compression_level: int = 3
+) -> dict[str, object]:
     """pyarrow.parquet.write_table keyword arguments for a dataset.
 
     Strings are dictionary-encoded; integer time and offset columns use DELTA_BINARY_PACKED
     (sorted series make their deltas tiny); floats use BYTE_STREAM_SPLIT so zstd sees the
-    slowly-changing exponent bytes together. Everything is zstd-compressed.
+    slowly-changing exponent bytes together. Everything is zstd-compressed (level 3 when
+    landing; compaction, which runs off the hot path, spends more).
     """
     dict_cols: list[str] = []
     encodings: dict[str, str] = {}
@@ -88,20 +91,50 @@ def write_options(schema: pa.Schema, row_group_rows: int) -> dict[str, object]:
             dict_cols.append(f.name)  # int32 etc.: small cardinality (rail, rank, numa)
     return {
         "compression": "zstd",
-        "compression_level": 3,
+        "compression_level": compression_level,
         "use_dictionary": dict_cols,
         "column_encoding": encodings,
         "row_group_size": row_group_rows,
         "write_statistics": True,
-        "store_schema": True,
+        "store_schema": False,  # plain string columns for every reader, not dictionary<>
     }
 
 
+def _rank(col: pa.ChunkedArray) -> pa.Array:
+    """Integer keys that order like ``col`` (strings or dictionary of strings): the rank of
+    each row's value among the distinct values. Sorting these beats comparing strings."""
+    enc = col.combine_chunks()
+    if not pa.types.is_dictionary(enc.type):
+        enc = pc.dictionary_encode(enc)
+    order = pc.sort_indices(enc.dictionary)
+    rank = np.empty(len(order), dtype=np.int32)
+    rank[order.to_numpy()] = np.arange(len(order), dtype=np.int32)
+    return pa.array(rank[enc.indices.to_numpy(zero_copy_only=False)])
+
+
+def _is_text(t: pa.DataType) -> bool:
+    if pa.types.is_dictionary(t):
+        t = t.value_type
+    return t == pa.string()
+
+
+def encode_strings(table: pa.Table) -> pa.Table:
+    """String columns dictionary-encoded: ``take`` then moves int32 indices instead of
+    strings, and the Parquet writer reuses the dictionary instead of hashing every value."""
+    cols = [pc.dictionary_encode(c) if pa.types.is_string(c.type) else c for c in table.columns]
+    return pa.Table.from_arrays(cols, names=table.column_names)
+
+
 def sort_table(table: pa.Table, keys: tuple[str, ...]) -> pa.Table:
-    """Rows ordered by ``keys`` ascending (stable)."""
+    """Rows ordered by ``keys`` ascending (stable; NULLs last)."""
     if table.num_rows <= 1:
         return table
-    return table.take(pc.sort_indices(table, [(k, "ascending") for k in keys]))
+    cols = {}
+    for k in keys:
+        col = table.column(k)
+        cols[k] = _rank(col) if _is_text(col.type) and col.null_count == 0 else col
+    order = pc.sort_indices(pa.table(cols), [(k, "ascending") for k in keys])
+    return table.take(order)
 
 
 def write_parquet_durably(table: pa.Table, path: Path, options: dict[str, object]) -> None:
@@ -159,7 +192,7 @@ class LakeWriter:
                 hdir = self.paths.hour_dir(dataset, date, hour)
                 hdir.mkdir(parents=True, exist_ok=True)
                 tmp = hdir / f".land-{name[:-8]}{PARTIAL_SUFFIX}"
-                write_parquet_durably(sort_table(part, ds.sort_by), tmp, opts)
+                write_parquet_durably(sort_table(encode_strings(part), ds.sort_by), tmp, opts)
                 moves.append((tmp, hdir / name))
             manifest = self._write_manifest(dataset, name, moves) if len(moves) > 1 else None
             self.seam.reach("before_rename")

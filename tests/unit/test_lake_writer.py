@@ -39,8 +39,8 @@ def test_land_writes_hive_layout_sorted_zstd_and_high_water(tmp_path: Path) -> N
     ]
     back = pq.read_table(files[0])
     assert back.num_rows == t.num_rows
-    keys = back.select(["node", "metric", "device", "ts"]).to_pylist()
-    assert keys == sorted(keys, key=lambda r: (r["node"], r["metric"], r["device"], r["ts"]))
+    keys = back.select(["node", "metric", "ts", "device"]).to_pylist()
+    assert keys == sorted(keys, key=lambda r: (r["node"], r["metric"], r["ts"], r["device"]))
     md = pq.ParquetFile(files[0]).metadata
     assert md.row_group(0).column(0).compression == "ZSTD"
     w.land("samples", t.slice(0, 5), partition=3, first=200, last=250)

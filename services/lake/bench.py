@@ -1,0 +1,187 @@
+"""Lake benchmarks; each returns a dict of figures and prints the ratio it exists to measure.
+
+- :func:`bench_landing`: LakeWriter throughput (sort, zstd, encodings, fsync, rename) against
+  one plain ``pyarrow.parquet.write_table`` of the same tables. Goal: ratio >= 0.8.
+- :func:`bench_bytes_per_sample`: bytes per refined sample after compaction, on realistic data
+  (:mod:`services.lake.synth`), with the biggest columns. Goal: <= 6 B/sample.
+- :func:`bench_queries`: every named query on the small-file lake, after compaction, and on
+  one perfectly sorted single file of the same rows: ratio compacted / single file, and the
+  small-file penalty (small files / compacted).
+
+``rows`` sets the size (approximate; default small for a quick run). ``refinery bench`` wires
+these in; ``python -m services.lake.bench ROWS`` runs them all.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from services.lake import sqlload, synth
+from services.lake.compact import Compactor
+from services.lake.datasets import DATASETS
+from services.lake.layout import hour_of
+from services.lake.writer import LakeWriter, sort_table, write_options
+
+SERIES_PER_NODE = 106
+
+
+def _data(rows: int, seed: int = 0) -> pa.Table:
+    nodes = max(1, min(64, rows // (SERIES_PER_NODE * 600)))
+    seconds = max(10, rows // (SERIES_PER_NODE * nodes))
+    return synth.refined_samples(nodes=nodes, seconds=seconds, seed=seed, start_ns=synth.T0_NS)
+
+
+def _chunks(t: pa.Table, n: int) -> list[pa.Table]:
+    return [t.slice(i, n) for i in range(0, t.num_rows, n)]
+
+
+def bench_landing(rows: int = 200_000, flush_rows: int = 50_000) -> dict[str, Any]:
+    """Land ``rows`` in flushes of ``flush_rows``; compare with one write_table of them all."""
+    t = _data(rows)
+    chunks = _chunks(t, flush_rows)
+    with tempfile.TemporaryDirectory() as tmp:
+        w = LakeWriter(Path(tmp) / "lake")
+        w.ensure_seeds()
+        t0 = time.perf_counter()
+        for i, c in enumerate(chunks):
+            w.land("samples", c, partition=0, first=i, last=i)
+        landing = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        pq.write_table(pa.concat_tables(chunks), Path(tmp) / "plain.parquet")
+        plain = time.perf_counter() - t0
+    out = {
+        "rows": t.num_rows,
+        "flushes": len(chunks),
+        "landing_rows_per_s": round(t.num_rows / landing),
+        "write_table_rows_per_s": round(t.num_rows / plain),
+        "ratio": round(plain / landing, 3),
+    }
+    print(f"lake landing: {out['ratio']:.2f}x of write_table throughput (goal >= 0.8) {out}")
+    return out
+
+
+def _column_bytes(files: list[Path]) -> dict[str, int]:
+    sizes: dict[str, int] = {}
+    for f in files:
+        md = pq.ParquetFile(f).metadata
+        for rg in range(md.num_row_groups):
+            for ci in range(md.num_columns):
+                col = md.row_group(rg).column(ci)
+                sizes[col.path_in_schema] = sizes.get(col.path_in_schema, 0) + (
+                    col.total_compressed_size
+                )
+    return sizes
+
+
+def _small_file_lake(root: Path, t: pa.Table, chunk_rows: int) -> LakeWriter:
+    w = LakeWriter(root)
+    w.ensure_seeds()
+    synth.land_lake(w, t, chunk_rows=chunk_rows, partitions=4)
+    return w
+
+
+def bench_bytes_per_sample(rows: int = 500_000, chunk_rows: int = 20_000) -> dict[str, Any]:
+    """Bytes per sample of the compacted lake (Parquet data files only)."""
+    t = _data(rows)
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp) / "lake"
+        w = _small_file_lake(root, t, chunk_rows)
+        small = sum(p.stat().st_size for p in w.live_paths("samples"))
+        Compactor(root, grace_s=0).compact_closed(["samples"], close_after_s=-1e12, wait=True)
+        files = w.live_paths("samples")
+        size = sum(p.stat().st_size for p in files)
+        cols = _column_bytes(files)
+        plain = Path(tmp) / "plain.parquet"
+        pq.write_table(t, plain)
+        plain_b = plain.stat().st_size
+    top = sorted(cols.items(), key=lambda kv: -kv[1])[:8]
+    out = {
+        "rows": t.num_rows,
+        "bytes_per_sample": round(size / t.num_rows, 3),
+        "small_files_bytes_per_sample": round(small / t.num_rows, 3),
+        "plain_write_table_bytes_per_sample": round(plain_b / t.num_rows, 3),
+        "top_columns_bytes_per_sample": {k: round(v / t.num_rows, 3) for k, v in top},
+    }
+    print(f"lake bytes/sample after compaction: {out['bytes_per_sample']} (goal <= 6) {out}")
+    return out
+
+
+def _time_queries(root: Path, repeat: int) -> dict[str, float]:
+    con = sqlload.connect(root)
+    out = {}
+    for name in sqlload.list_queries():
+        times = []
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            sqlload.run_query(con, name).fetchall()
+            times.append(time.perf_counter() - t0)
+        out[name] = statistics.median(times)
+    return out
+
+
+def bench_queries(rows: int = 500_000, chunk_rows: int = 5_000, repeat: int = 3) -> dict[str, Any]:
+    """Named query times: small files vs compacted vs one perfectly sorted file."""
+    t = _data(rows)
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp) / "lake"
+        _small_file_lake(root, t, chunk_rows)
+        single = Path(tmp) / "single"
+        shutil.copytree(root, single)
+        small = _time_queries(root, repeat)
+        Compactor(root, grace_s=0).compact_closed(["samples"], close_after_s=-1e12, wait=True)
+        compacted = _time_queries(root, repeat)
+        # the same rows as one sorted file, same layout otherwise
+        for f in single.glob("samples/*/*/p*.parquet"):
+            f.unlink()
+        date, hour = hour_of(synth.T0_NS)
+        hdir = single / "samples" / f"date={date}" / f"hour={hour}"
+        hdir.mkdir(parents=True, exist_ok=True)
+        ds = DATASETS["samples"]
+        pq.write_table(
+            sort_table(t, ds.sort_by), hdir / "p0-0-1.parquet", **write_options(ds.schema, 1 << 20)
+        )
+        one = _time_queries(single, repeat)
+    per_query = {
+        q: {
+            "small_s": round(small[q], 4),
+            "compacted_s": round(compacted[q], 4),
+            "single_file_s": round(one[q], 4),
+            "ratio_vs_single": round(compacted[q] / one[q], 3),
+            "small_file_penalty": round(small[q] / compacted[q], 3),
+        }
+        for q in small
+    }
+    out = {
+        "rows": t.num_rows,
+        "ratio_vs_single_total": round(sum(compacted.values()) / sum(one.values()), 3),
+        "small_file_penalty_total": round(sum(small.values()) / sum(compacted.values()), 3),
+        "queries": per_query,
+    }
+    print(
+        f"lake queries: compacted/single file {out['ratio_vs_single_total']}x, "
+        f"small-file penalty {out['small_file_penalty_total']}x {json.dumps(per_query)}"
+    )
+    return out
+
+
+def run_all(rows: int = 200_000) -> dict[str, Any]:
+    """Every lake benchmark at about ``rows`` rows."""
+    return {
+        "landing": bench_landing(rows),
+        "bytes_per_sample": bench_bytes_per_sample(rows),
+        "queries": bench_queries(rows),
+    }
+
+
+if __name__ == "__main__":
+    run_all(int(sys.argv[1]) if len(sys.argv) > 1 else 200_000)
