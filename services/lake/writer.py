@@ -115,7 +115,7 @@ def _rank(col: pa.ChunkedArray) -> pa.Array:
 def _is_text(t: pa.DataType) -> bool:
     if pa.types.is_dictionary(t):
         t = t.value_type
-    return t == pa.string()
+    return bool(t == pa.string())
 
 
 def encode_strings(table: pa.Table) -> pa.Table:
