@@ -101,34 +101,55 @@ class SeqWindow:
         )
 
 
-OVERLAP_SCHEMA = pa.schema(
+POINTS_SCHEMA = pa.schema(
     [
         pa.field("metric", pa.string()),
         pa.field("device", pa.string()),
         pa.field("ts", pa.int64()),  # ts_ns as the source stamped it
     ]
 )
+# the whole state of a node as one table (for changelog encoding): points plus their source
+OVERLAP_SCHEMA = pa.schema([*POINTS_SCHEMA, pa.field("src", pa.string())])
 
 
 @dataclass
 class OverlapState:
     """Per node: for each source (stream key), the (series, ts) points of the last batch in
-    which it delivered each series. Only nodes with two or more sources pay for a check."""
+    which it delivered each series. Only nodes with two or more sources pay for a check.
+
+    Constructed from ``{source: points table}`` or from one :data:`OVERLAP_SCHEMA` table
+    (as :attr:`table` gives it, for changelog encoding)."""
 
     sources: dict[str, pa.Table] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.sources, pa.Table):
+            whole = self.sources
+            src = column(whole, "src")
+            self.sources = {
+                s: whole.filter(pc.equal(src, s)).select(POINTS_SCHEMA.names)
+                for s in pc.unique(src).to_pylist()
+            }
+
+    @property
+    def table(self) -> pa.Table:
+        """All points of the node with their ``src``: :data:`OVERLAP_SCHEMA`."""
+        parts = [
+            t.append_column("src", pa.repeat(pa.scalar(s), t.num_rows))
+            for s, t in self.sources.items()
+        ]
+        return pa.concat_tables(parts) if parts else OVERLAP_SCHEMA.empty_table()
 
     def __len__(self) -> int:
         return sum(int(t.num_rows) for t in self.sources.values())
 
-    def to_dict(self) -> dict[str, dict[str, list[Any]]]:
-        return {
-            src: {name: t.column(name).to_pylist() for name in OVERLAP_SCHEMA.names}
-            for src, t in self.sources.items()
-        }
+    def to_dict(self) -> dict[str, list[Any]]:
+        t = self.table
+        return {name: t.column(name).to_pylist() for name in OVERLAP_SCHEMA.names}
 
     @classmethod
-    def from_dict(cls, doc: dict[str, dict[str, list[Any]]]) -> OverlapState:
-        return cls({src: pa.table(cols, schema=OVERLAP_SCHEMA) for src, cols in doc.items()})
+    def from_dict(cls, doc: dict[str, list[Any]]) -> OverlapState:
+        return cls(pa.table(doc, schema=OVERLAP_SCHEMA))
 
 
 @dataclass(frozen=True)
@@ -162,7 +183,7 @@ def drop_overlaps(
         if any_true(hit):
             keep = pc.invert(hit)
             dup_count = n - (pc.sum(keep).as_py() or 0)
-    mine = pa.Table.from_arrays([metric, device, ts_source], schema=OVERLAP_SCHEMA)
+    mine = pa.Table.from_arrays([metric, device, ts_source], schema=POINTS_SCHEMA)
     if keep is not None:
         mine = mine.filter(keep)
     old = state.sources.get(source)

@@ -122,3 +122,14 @@ def test_property_overlap_never_drops_distinct_and_drops_copies(
             r, state = drop_overlaps(*arrays(rows), "n|B|0", state)
             assert r.duplicates == len(rows)  # every declared copy is dropped
     assert len(state) <= 4 * 3  # per series: one batch's points, never history
+
+
+def test_overlap_state_round_trips_as_one_table() -> None:
+    a = [("gpu.temp", "gpu0", 1), ("gpu.temp", "gpu1", 1)]
+    _, s1 = drop_overlaps(*arrays(a), "n|A|0", OverlapState())
+    _, s2 = drop_overlaps(*arrays([("gpu.temp", "gpu0", 9)]), "n|B|0", s1)
+    whole = s2.table
+    assert whole.num_rows == 3 and set(whole.column("src").to_pylist()) == {"n|A|0", "n|B|0"}
+    back = OverlapState(whole)  # type: ignore[arg-type]
+    r, _ = drop_overlaps(*arrays([("gpu.temp", "gpu1", 1)]), "n|B|0", back)
+    assert r.duplicates == 1
