@@ -22,8 +22,10 @@ accounting      telemetry.accounting     Arrow/JSON when the batch was refined
 ==============  =======================  =========  ==============================================
 
 :data:`ACCOUNTING_SCHEMA` is the contract for the refining worker's per-batch accounting: one
-row per raw Kafka record it consumed, published as Arrow IPC (or columnar JSON
-``{"columns": {...}}``, or one JSON object per record) on ``telemetry.accounting``.
+row per raw Kafka record it consumed, published on ``telemetry.accounting`` as one JSON object
+per record (what the worker does; extra keys are ignored, ``ts`` defaults to the Kafka
+timestamp), columnar JSON ``{"columns": {...}}`` or Arrow IPC. Outcome ``replay`` (a raw
+record reprocessed after a crash, nothing republished) is kept but never counted twice.
 """
 
 from __future__ import annotations
@@ -177,7 +179,9 @@ ACCOUNTING_SCHEMA = pa.schema(
         pa.field("refined_samples", pa.int64(), nullable=False),
         pa.field("duplicate_samples", pa.int64(), nullable=False),
         pa.field("quarantined_samples", pa.int64(), nullable=False),
-        pa.field("outcome", pa.string(), nullable=False),  # refined | duplicate | deadletter
+        pa.field("outcome", pa.string(), nullable=False),  # refined|duplicate|replay|deadletter
+        pa.field("node", pa.string()),
+        pa.field("reason", pa.string()),  # dead-letter reason when outcome is deadletter
     ]
 )
 

@@ -106,7 +106,8 @@ def _rows_of(
         for k, v in extra.items():
             t = t.append_column(k, v)
         return _conform(t, dataset)
-    if ds.encoding is Encoding.ARROW and content_type != JSON:
+    sniffed_json = content_type is None and value[:1] in (b"{", b"[")
+    if ds.encoding is Encoding.ARROW and content_type != JSON and not sniffed_json:
         if content_type not in (None, ARROW):
             raise RejectedInput(Reason.UNSUPPORTED_CONTENT_TYPE, f"content-type {content_type!r}")
         t = _arrow_table(value)

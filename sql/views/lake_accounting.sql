@@ -6,9 +6,14 @@
 -- ok is true when every identity holds.
 CREATE OR REPLACE VIEW lake_accounting AS
 WITH acc AS (
+    -- samples topics only (events/collectives have no sample lineage); a 'replay' row (the
+    -- record was reprocessed after a crash and nothing republished) never replaces a real one
     SELECT *
     FROM refine_accounting
-    QUALIFY row_number() OVER (PARTITION BY raw_partition, raw_offset ORDER BY ts DESC) = 1
+    WHERE coalesce(raw_topic, 'telemetry.raw') NOT SIMILAR TO '.*(events|collectives).*'
+    QUALIFY row_number() OVER (
+        PARTITION BY raw_partition, raw_offset ORDER BY (outcome = 'replay'), ts DESC
+    ) = 1
 ),
 acc_p AS (
     SELECT
