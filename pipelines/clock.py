@@ -27,7 +27,9 @@ points' distances below the line: how well the minimum delay is pinned down), pl
 
 Steps: a point more than ``step_threshold`` *above* the line cannot be explained by delay,
 so the offset jumped up: restart the window at that point. ``step_confirm`` consecutive
-points more than the threshold *below* the line mean it jumped down: restart with them. The
+points more than the threshold *below* the line mean it jumped down: restart with them
+(until confirmed, such a point's error bound is widened to its distance below the line, so
+a backward step is never reported with a tight bound). The
 threshold is ``max(step_threshold_ns, 10 x median distance below the line)`` so heavy jitter
 does not fake steps. Steps are looked for once the window has ``min_fit_points`` points (before
 that, a point above the line is as likely the first low-delay point as a step).
@@ -46,7 +48,7 @@ from __future__ import annotations
 
 import itertools
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pyarrow as pa
@@ -113,6 +115,7 @@ class ClockEstimator:
         s = self.settings
         x, y = int(sent_ns), int(sent_ns) - int(arrival_ns)
         step = False
+        suspect = 0  # how far below the line an unconfirmed step candidate lies
         if len(self.points) >= s.min_fit_points and self._fit is not None:
             a, b, xa, median_gap = self._fit
             gap = a + b * (x - xa) - y  # distance below the line (negative: above)
@@ -125,6 +128,8 @@ class ClockEstimator:
                 if len(self.candidates) >= s.step_confirm:
                     step = True
                     self._restart(self.candidates[:-1])
+                else:
+                    suspect = round(gap)
             else:
                 self.candidates.clear()
         if x < (self.points[-1][0] if self.points else x):
@@ -135,6 +140,10 @@ class ClockEstimator:
             self.points.popleft()
         self.since_step += 1
         self.last = self._estimate(x, step, clock)
+        if suspect:
+            # Either a long delay (the line is right) or the clock stepped back by up to
+            # ``suspect`` (not confirmed yet): the bound must cover both until we know.
+            self.last = replace(self.last, error_ns=max(self.last.error_ns, suspect))
         return self.last
 
     def estimate(self) -> ClockEstimate:

@@ -26,6 +26,8 @@ COMMAND_MODULES: tuple[str, ...] = (
     "services.topology.cli",
     "services.worker.cli",
     "services.simulate.cli",
+    "services.lake.cli",
+    "services.alerts.cli",
 )
 
 Handler = Callable[[argparse.Namespace, RefinerySettings], int]

@@ -94,7 +94,7 @@ class BatchProducer:
             "enable.idempotence": True,
             "acks": "all",
             "compression.type": "zstd",
-            "linger.ms": 20,
+            "linger.ms": 2,  # sent_ns is stamped before the queue: keep the delay small
             "batch.size": 1_000_000,
             "message.max.bytes": 8_000_000,
             "queue.buffering.max.kbytes": 512 * 1024,
