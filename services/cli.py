@@ -28,6 +28,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "services.simulate.cli",
     "services.lake.cli",
     "services.alerts.cli",
+    "services.detect.cli",
 )
 
 Handler = Callable[[argparse.Namespace, RefinerySettings], int]
