@@ -6,6 +6,8 @@ resolved through Maven (:func:`resolve_jars`, cached). State lives in ``data_dir
 
     data_dir/cluster.json          what was started: pids, ports, nodes (the "pid file")
     data_dir/node-<id>/server.properties, data/, logs/server.log, stdout.log
+    data_dir/security/                 with ``secure=True``: CA, keystores, client credentials
+                                       (see :mod:`services.security.local`)
 
 Every failure a user can act on raises :class:`~schemas.errors.BrokerError` with one line
 saying what to do; the CLI prints it and exits non-zero.
@@ -109,6 +111,12 @@ class NodeSpec:
     port: int
     controller_port: int
     pid: int | None = None
+    ssl_port: int | None = None  # secure only: mutual-TLS client listener
+    internal_port: int | None = None  # secure only: inter-broker listener
+
+    def ports(self) -> list[int]:
+        extra = [p for p in (self.ssl_port, self.internal_port) if p is not None]
+        return [self.port, self.controller_port, *extra]
 
 
 @dataclass
@@ -117,10 +125,19 @@ class ClusterState:
     cluster_id: str
     version: str
     nodes: list[NodeSpec] = field(default_factory=list)
+    secure: bool = False  # SASL_SSL on ``port``, mutual TLS on ``ssl_port``
 
     @property
     def bootstrap(self) -> str:
+        """Bootstrap servers of the client listener (SASL_SSL when secure)."""
         return ",".join(f"127.0.0.1:{n.port}" for n in self.nodes)
+
+    @property
+    def ssl_bootstrap(self) -> str | None:
+        """Bootstrap servers of the mutual-TLS listener (None unless secure)."""
+        if not self.secure:
+            return None
+        return ",".join(f"127.0.0.1:{n.ssl_port}" for n in self.nodes)
 
     def save(self, path: Path) -> None:
         tmp = path.with_suffix(".tmp")
@@ -174,7 +191,14 @@ def pid_alive(pid: int | None) -> bool:
         return True
 
 
-def server_properties(node: NodeSpec, all_nodes: list[NodeSpec], node_dir: Path) -> str:
+def server_properties(
+    node: NodeSpec,
+    all_nodes: list[NodeSpec],
+    node_dir: Path,
+    security: dict[str, Any] | None = None,
+) -> str:
+    """The node's ``server.properties``; ``security`` (secure clusters) replaces the
+    PLAINTEXT listeners with SASL_SSL, SSL, INTERNAL and CONTROLLER ones."""
     voters = ",".join(f"{n.node_id}@127.0.0.1:{n.controller_port}" for n in all_nodes)
     rf = 3 if len(all_nodes) >= 3 else 1
     min_isr = 2 if rf == 3 else 1
@@ -205,6 +229,17 @@ def server_properties(node: NodeSpec, all_nodes: list[NodeSpec], node_dir: Path)
         "num.io.threads": 4,
         "unclean.leader.election.enable": "false",
     }
+    if security is not None:
+        lines["listeners"] = (
+            f"SASL_SSL://127.0.0.1:{node.port},SSL://127.0.0.1:{node.ssl_port},"
+            f"INTERNAL://127.0.0.1:{node.internal_port},"
+            f"CONTROLLER://127.0.0.1:{node.controller_port}"
+        )
+        lines["advertised.listeners"] = (
+            f"SASL_SSL://127.0.0.1:{node.port},SSL://127.0.0.1:{node.ssl_port},"
+            f"INTERNAL://127.0.0.1:{node.internal_port}"
+        )
+        lines.update(security)
     return "".join(f"{k}={v}\n" for k, v in lines.items())
 
 
@@ -246,10 +281,17 @@ class LocalKafka:
             ) from e
 
     def start(
-        self, nodes: int = 1, base_port: int = 9092, timeout: float = 120.0, progress: bool = False
+        self,
+        nodes: int = 1,
+        base_port: int = 9092,
+        timeout: float = 120.0,
+        progress: bool = False,
+        secure: bool = False,
     ) -> ClusterState:
         """Start the cluster (idempotent if already running); returns its state once it
-        answers metadata requests with every node. Raises BrokerError."""
+        answers metadata requests with every node. ``secure``: TLS everywhere, SCRAM and
+        mutual-TLS clients, ACLs enforced (:mod:`services.security.local`); a cluster keeps
+        the mode it was created with. Raises BrokerError."""
         if nodes not in (1, 3):
             raise BrokerError(f"--nodes must be 1 or 3, not {nodes}")
         existing = self.state()
@@ -274,16 +316,27 @@ class LocalKafka:
                     f"{self.data_dir} holds a {len(existing.nodes)}-node cluster; "
                     "use --nodes accordingly or another --data-dir"
                 )
+            if existing.secure != secure:
+                raise BrokerError(
+                    f"{self.data_dir} holds a {'secure' if existing.secure else 'plaintext'} "
+                    "cluster; start it the same way or use another --data-dir"
+                )
             state = existing
         else:
+            per = 4 if secure else 2
             if base_port == 0:
-                ports = free_ports(2 * nodes)
+                ports = free_ports(per * nodes)
             else:
-                ports = [base_port + i for i in range(2 * nodes)]
-            specs = [NodeSpec(i + 1, ports[2 * i], ports[2 * i + 1]) for i in range(nodes)]
-            state = ClusterState(str(self.data_dir), _cluster_id(), self.version, specs)
+                ports = [base_port + i for i in range(per * nodes)]
+            specs = [NodeSpec(i + 1, *ports[per * i : per * i + 2]) for i in range(nodes)]
+            if secure:
+                for i, spec in enumerate(specs):
+                    spec.ssl_port, spec.internal_port = ports[per * i + 2 : per * i + 4]
+            state = ClusterState(
+                str(self.data_dir), _cluster_id(), self.version, specs, secure=secure
+            )
         for n in state.nodes:
-            for p in (n.port, n.controller_port):
+            for p in n.ports():
                 if not port_free(p):
                     raise BrokerError(
                         f"port {p} on 127.0.0.1 is in use: stop what holds it or "
@@ -293,11 +346,14 @@ class LocalKafka:
         lib = resolve_jars(state.version, self.cache_dir, progress=progress)
         self.data_dir.mkdir(parents=True, exist_ok=True)
         cp = str(lib / "*")
+        security, scram = self._security(state)
         for n in state.nodes:
             ndir = self.data_dir / f"node-{n.node_id}"
             (ndir / "logs").mkdir(parents=True, exist_ok=True)
             props = ndir / "server.properties"
-            props.write_text(server_properties(n, state.nodes, ndir))
+            props.touch(mode=0o600)  # holds keystore passwords when secure
+            props.chmod(0o600)
+            props.write_text(server_properties(n, state.nodes, ndir, security))
             if not (ndir / "data" / "meta.properties").exists():
                 fmt = subprocess.run(
                     [
@@ -312,6 +368,7 @@ class LocalKafka:
                         "-c",
                         str(props),
                         "-g",
+                        *scram,
                     ],
                     capture_output=True,
                     text=True,
@@ -348,6 +405,29 @@ class LocalKafka:
         self.wait_ready(state, timeout)
         return state
 
+    def security(self) -> Any:
+        """The :class:`~services.security.local.SecureMaterial` of this data dir."""
+        from services.security.local import SecureMaterial
+
+        return SecureMaterial(self.data_dir / "security")
+
+    def _security(self, state: ClusterState) -> tuple[dict[str, Any] | None, list[str]]:
+        if not state.secure:
+            return None, []
+        material = self.security()
+        material.ensure()
+        return material.broker_properties(), material.scram_args()
+
+    def client_conf(self, state: ClusterState | None = None) -> dict[str, Any]:
+        """librdkafka options for an admin client of this cluster (``admin`` over SASL_SSL
+        when secure)."""
+        state = state or self.state()
+        assert state is not None
+        conf: dict[str, Any] = {"bootstrap.servers": state.bootstrap}
+        if state.secure:
+            conf = self.security().client_settings("admin", state.bootstrap).librdkafka()
+        return conf
+
     def _jvm_props(self, node_dir: Path) -> list[str]:
         return [
             f"-Dkafka.logs.dir={node_dir / 'logs'}",
@@ -361,18 +441,22 @@ class LocalKafka:
             if dead:
                 log = self.data_dir / f"node-{dead[0].node_id}" / "logs" / "server.log"
                 raise BrokerError(f"broker node {dead[0].node_id} exited during start; see {log}")
-            if self.ready_brokers(state) >= len(state.nodes):
+            if self.ready_brokers(state, conf=self.client_conf(state)) >= len(state.nodes):
                 return
             time.sleep(0.5)
         raise BrokerError(f"broker not ready after {timeout:.0f}s; see {self.data_dir}/node-*/logs")
 
     @staticmethod
-    def ready_brokers(state: ClusterState, timeout: float = 2.0) -> int:
-        """How many brokers the cluster's metadata lists (0 when it does not answer)."""
+    def ready_brokers(
+        state: ClusterState, timeout: float = 2.0, conf: dict[str, Any] | None = None
+    ) -> int:
+        """How many brokers the cluster's metadata lists (0 when it does not answer).
+        ``conf``: client options (credentials of a secure cluster)."""
         from confluent_kafka.admin import AdminClient
 
-        conf: dict[str, Any] = {
+        conf = {
             "bootstrap.servers": state.bootstrap,
+            **(conf or {}),
             "log_level": 0,
             "logger": _silent_logger(),
         }
@@ -454,8 +538,8 @@ class LocalKafka:
         if state is None:
             return {"running": False, "data_dir": str(self.data_dir), "nodes": 0}
         alive = [n for n in state.nodes if pid_alive(n.pid)]
-        ready = self.ready_brokers(state) if alive else 0
-        return {
+        ready = self.ready_brokers(state, conf=self.client_conf(state)) if alive else 0
+        out: dict[str, object] = {
             "running": bool(alive),
             "ready": bool(alive) and ready >= len(state.nodes),
             "data_dir": str(self.data_dir),
@@ -476,6 +560,16 @@ class LocalKafka:
                 for n in state.nodes
             ],
         }
+        if state.secure:  # paths only: passwords stay in the 0600 files
+            out["secure"] = {
+                "security_protocol": "SASL_SSL",
+                "sasl_mechanism": "SCRAM-SHA-512",
+                "bootstrap_servers": state.bootstrap,
+                "mtls_bootstrap_servers": state.ssl_bootstrap,
+                "authorizer": "StandardAuthorizer (allow.everyone.if.no.acl.found=false)",
+                **self.security().files(),
+            }
+        return out
 
 
 def _reap(pid: int | None) -> None:

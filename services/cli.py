@@ -61,7 +61,9 @@ def cmd_broker_start(args: argparse.Namespace, settings: RefinerySettings) -> in
 
     k = _local_kafka(args, settings)
     t0 = time.monotonic()
-    state = k.start(nodes=args.nodes, base_port=args.port, progress=not args.json)
+    state = k.start(
+        nodes=args.nodes, base_port=args.port, progress=not args.json, secure=args.secure
+    )
     took = time.monotonic() - t0
     if args.json:
         _print_json({**k.status(), "start_seconds": round(took, 2)})
@@ -72,6 +74,9 @@ def cmd_broker_start(args: argparse.Namespace, settings: RefinerySettings) -> in
         )
         print(state.bootstrap)
         print(f"  export REFINERY_BOOTSTRAP_SERVERS={state.bootstrap}", file=sys.stderr)
+        if state.secure:  # a path, never a password
+            env = k.security().client_env("admin")
+            print(f"  SASL_SSL; admin credentials: set -a; . {env}; set +a", file=sys.stderr)
     return 0
 
 
@@ -151,6 +156,11 @@ def build_parser() -> argparse.ArgumentParser:
                 type=int,
                 default=9092,
                 help="first port; nodes use consecutive pairs (0: free ports)",
+            )
+            sp.add_argument(
+                "--secure",
+                action="store_true",
+                help="TLS, SCRAM-SHA-512 and mutual-TLS clients, ACLs enforced",
             )
         sp.set_defaults(handler=fn)
 
