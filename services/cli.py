@@ -29,6 +29,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "services.lake.cli",
     "services.alerts.cli",
     "services.detect.cli",
+    "services.security.cli",
 )
 
 Handler = Callable[[argparse.Namespace, RefinerySettings], int]
