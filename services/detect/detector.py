@@ -13,11 +13,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from pipelines.episodes import EpisodeSettings, EpisodeTracker
 from pipelines.rollup import Rollup, RollupSettings
 from pipelines.rule_config import load_rules
-from pipelines.rule_health import ClockStatus
 from pipelines.rules import RuleEngine
 from pipelines.stragglers import PathLookup, StragglerDetector
 from schemas.catalog import Catalog
@@ -49,12 +49,16 @@ class Detector:
         raw_topic: str = "telemetry.raw",
         episodes: EpisodeSettings | None = None,
         rollups: RollupSettings | None = None,
+        grace_ns: int = 3_000_000_000,
     ) -> None:
         self.engine = RuleEngine(load_rules(rules_path, catalog), catalog, raw_topic=raw_topic)
         self.episodes = EpisodeTracker(episodes or EpisodeSettings())
         self.stragglers = StragglerDetector([], topology)
         self.rollup = Rollup(rollups or RollupSettings())
-        self._clock_seen: dict[str, int] = {}
+        self.watermark = 0  # newest aligned ts seen in refined data
+        self.grace_ns = grace_ns
+        self._held: list[pa.Table] = []
+        self._held_at: int | None = None
 
     def set_topology(self, topology: PathLookup) -> None:
         self.stragglers.topology = topology
@@ -70,30 +74,11 @@ class Detector:
         rolled = self.rollup.update(table)
         if rolled.num_rows:
             out.rollups.append(rolled)
-        out.alerts += self.engine.on_clock(self._clock_status(table), now_ns)
+        # clock alerts come from the refining stage (it sees every batch's clock estimate)
+        if table.num_rows:
+            self.watermark = max(self.watermark, int(pc.max(table.column("ts")).as_py()))
+        out.extend(self._release_collectives(now_ns))
         return out
-
-    def _clock_status(self, table: pa.Table) -> list[ClockStatus]:
-        """One status per source stream in the batch (its latest sample)."""
-        if table.num_rows == 0:
-            return []
-        node = table.column("node")[0].as_py()
-        exporter = table.column("exporter")[0].as_py()
-        instance = table.column("instance")[0].as_py()
-        i = table.num_rows - 1
-        offset = int(table.column("clock_offset_ns")[i].as_py())
-        error = int(table.column("clock_error_ns")[i].as_py())
-        ts = int(table.column("ts")[i].as_py())
-        source = f"{node}|{exporter}|{instance}"
-        return [
-            ClockStatus(
-                source=source,
-                offset_ns=offset,
-                error_ns=error,
-                flagged=abs(offset) > 1_000_000_000,
-                ts_ns=ts,
-            )
-        ]
 
     def on_events(self, table: pa.Table, now_ns: int) -> Emitted:
         """Aligned events (``ts`` aligned, ``node`` column): onsets of XIDs, link flaps..."""
@@ -101,22 +86,52 @@ class Detector:
         return Emitted(alerts=self.engine.on_events(ev, now_ns))
 
     def on_collectives(self, table: pa.Table, now_ns: int) -> Emitted:
-        coll = _as_ts_ns(table)
+        """Collectives wait until refined data covers their time plus ``grace_ns``, so the
+        congestion episodes on the stragglers' paths are open before they are judged."""
+        if table.num_rows:
+            self._held.append(_as_ts_ns(table))
+        return self._release_collectives(now_ns)
+
+    def _release_collectives(self, now_ns: int, force: bool = False) -> Emitted:
+        ready = [
+            t
+            for t in self._held
+            if force or int(pc.max(t.column("ts_ns")).as_py()) + self.grace_ns <= self.watermark
+        ]
+        if not ready:
+            return Emitted()
+        self._held = [t for t in self._held if not any(t is r for r in ready)]
+        if not self._held:
+            self._held_at = None
+        coll = pa.concat_tables(ready)
         return Emitted(alerts=self.stragglers.update(coll, self.episodes.all_episodes(), now_ns))
 
     def on_deadletters(self, count: int, now_ns: int) -> None:
         self.engine.on_deadletters(count, now_ns)
 
     def tick(self, now_ns: int) -> Emitted:
+        """Time-driven changes, judged on data time (the newest aligned sample seen), so that
+        catching up on a backlog does not make every source look silent or close episodes
+        early; a whole pipeline going quiet is the freshness rule's business. Collectives
+        held for more than ``4 x grace`` of wall time without refined data are judged anyway."""
         out = Emitted()
-        out.alerts += self.engine.tick(now_ns)
-        out.episodes += self.episodes.tick(now_ns)
-        out.alerts += self.stragglers.tick(now_ns)
+        if self._held:
+            self._held_at = self._held_at or now_ns
+            if now_ns - self._held_at > 4 * self.grace_ns:
+                out.extend(self._release_collectives(now_ns, force=True))
+        if self.watermark:
+            out.alerts += self.engine.tick(self.watermark)
+            out.episodes += self.episodes.tick(self.watermark)
+            out.alerts += self.stragglers.tick(self.watermark)
         return out
 
     def flush(self) -> Emitted:
+        """At shutdown: judge held collectives, close rollup windows."""
+        out = self._release_collectives(0, force=True) if self._held else Emitted()
         rolled = self.rollup.flush()
-        return Emitted(rollups=[rolled] if rolled.num_rows else [])
+        if rolled.num_rows:
+            out.rollups.append(rolled)
+        return out
 
 
 def _as_ts_ns(table: pa.Table) -> pa.Table:
