@@ -30,6 +30,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "services.alerts.cli",
     "services.detect.cli",
     "services.security.cli",
+    "services.report.cli",
 )
 
 Handler = Callable[[argparse.Namespace, RefinerySettings], int]

@@ -217,6 +217,8 @@ def bar_chart(
         f'y2="{base:.1f}"/><text class="at" x="{label_w + plot_w / 2:.1f}" y="{base + 16:.1f}" '
         f'text-anchor="middle">{escape(unit)}</text>'
     )
+    height = base + 26
     if len(stack) > 1:
-        body.append(legend([(c, n, "box") for n, c in stack], label_w, base + 36, plot_w))
-    return svg(width, base + (48 if len(stack) > 1 else 26), "".join(body), data_figure=fig)
+        body.append(legend([(c, n, "box") for n, c in stack], 4, base + 40, width - 8))
+        height += 22 + 18 * int(sum(26 + 6.2 * len(n) for n, _ in stack) // (width - 8))
+    return svg(width, height, "".join(body), data_figure=fig)

@@ -38,6 +38,7 @@ from services.report.svg import (
     value_axis,
 )
 
+CHECKS = ("gap", "reset", "duplicate_deduplicated", "duplicate_in_lake", "deadletter")
 EMPTY = '<div class="empty">no data in this range</div>'
 CAUSE_COLOUR = dict(
     zip(
@@ -458,14 +459,14 @@ def quality_panel(d: dict[str, Any]) -> str:
                 width=330,
             )
         )
-    counts: dict[str, float] = defaultdict(float)
+    counts: dict[str, float] = dict.fromkeys(CHECKS, 0.0)
     for f in d["findings"]:
         if f[0] != "clock_offset":
             counts[str(f[0])] += float(f[2] or 0)
-    if counts:
+    if any(counts.values()) or figs:
         figs.append(
             bar_chart(
-                [(k, [v], {"check": k}) for k, v in sorted(counts.items())],
+                [(k, [v], {"check": k}) for k, v in counts.items()],
                 stack=(("count", "#0072b2"),),
                 title="gaps, resets, duplicates",
                 unit="occurrences",

@@ -110,15 +110,18 @@ class TimeScale:
         span = max(self.t1 - self.t0, 1)
         return self.x0 + (t_ns - self.t0) / span * self.width
 
-    def ticks(self, most: int = 8) -> list[int]:
-        step = nice_bucket_ns(self.t1 - self.t0, most)
+    def step(self) -> int:
+        """Tick spacing (ns): a round time step, a label every ~110 px at most."""
+        return nice_bucket_ns(self.t1 - self.t0, max(2, int(self.width // 110)))
+
+    def ticks(self) -> list[int]:
+        step = self.step()
         first = -(-self.t0 // step) * step
         return list(range(first, self.t1 + 1, step))
 
     def label(self, t_ns: int) -> str:
         dt = datetime.fromtimestamp(t_ns / NS, tz=UTC)
-        step = nice_bucket_ns(self.t1 - self.t0, 8)
-        return dt.strftime("%H:%M:%S" if step < 60 * NS else "%H:%M")
+        return dt.strftime("%H:%M:%S" if self.step() < 60 * NS else "%H:%M")
 
     def title(self) -> str:
         day = datetime.fromtimestamp(self.t0 / NS, tz=UTC).strftime("%Y-%m-%d")
