@@ -35,8 +35,8 @@ from enum import StrEnum
 
 import pyarrow as pa
 
+from pipelines.aligned import ALIGNED_COLLECTIVES_SCHEMA, ALIGNED_EVENTS_SCHEMA
 from schemas.records import REFINED_SCHEMA, ROLLUP_SCHEMA
-from schemas.wire import COLLECTIVES_SCHEMA, EVENTS_SCHEMA
 
 
 class Encoding(StrEnum):
@@ -59,8 +59,11 @@ _POSITION = [
 ]
 _TS = pa.field("ts", pa.int64(), nullable=False)
 
-EVENTS_LAKE_SCHEMA = pa.schema([_TS, *EVENTS_SCHEMA, *_ENVELOPE_COLUMNS, *_POSITION])
-COLLECTIVES_LAKE_SCHEMA = pa.schema([_TS, *COLLECTIVES_SCHEMA, *_ENVELOPE_COLUMNS, *_POSITION])
+# Events and collectives land from the refiner's aligned topics: ``ts`` (and ``ts_ns``, kept
+# for queries written against the wire payload) is the common clock, ``ts_source`` the
+# source's own stamp, with the offset and error bound applied and the raw lineage.
+EVENTS_LAKE_SCHEMA = ALIGNED_EVENTS_SCHEMA.append(pa.field("ts_ns", pa.int64()))
+COLLECTIVES_LAKE_SCHEMA = ALIGNED_COLLECTIVES_SCHEMA.append(pa.field("ts_ns", pa.int64()))
 ROLLUPS_LAKE_SCHEMA = pa.schema([_TS, *ROLLUP_SCHEMA])
 
 ALERTS_SCHEMA = pa.schema(
@@ -211,15 +214,15 @@ DATASETS: dict[str, Dataset] = {
         ),
         Dataset(
             "events",
-            "telemetry.events",
-            Encoding.WIRE,
+            "telemetry.events.aligned",
+            Encoding.ARROW,
             EVENTS_LAKE_SCHEMA,
             ("node", "event", "device", "ts"),
         ),
         Dataset(
             "collectives",
-            "telemetry.collectives",
-            Encoding.WIRE,
+            "telemetry.collectives.aligned",
+            Encoding.ARROW,
             COLLECTIVES_LAKE_SCHEMA,
             ("job", "comm", "op_seq", "rank"),
         ),

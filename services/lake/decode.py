@@ -115,6 +115,8 @@ def _rows_of(
             t = t.append_column("ts", t.column("window_start"))
         if "ts" not in t.column_names:
             t = t.append_column("ts", pa.array([timestamp_ns] * t.num_rows, pa.int64()))
+        if dataset in ("events", "collectives") and "ts_ns" not in t.column_names:
+            t = t.append_column("ts_ns", t.column("ts"))
         return _conform(t, dataset)
     return _json_rows(dataset, value, partition, offset, timestamp_ns)
 

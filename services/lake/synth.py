@@ -189,12 +189,14 @@ def collectives(
                 ("busbw_gbps", 340.0 - (r == slow_rank)),
                 ("node", f"node{r // 8:03d}"),
                 ("exporter", "nccl"),
-                ("instance", "0"),
                 ("boot_id", "b"),
                 ("seq", op),
-                ("sent_ns", arrive),
-                ("kafka_partition", 0),
-                ("kafka_offset", op),
+                ("ts_source", arrive),
+                ("clock_offset_ns", 0),
+                ("clock_error_ns", 1_000_000),
+                ("end_ts", t + 40_000_000),
+                ("raw_partition", 0),
+                ("raw_offset", op),
             ):
                 rows[k].append(v)
     return conform(pa.table(rows), COLLECTIVES_LAKE_SCHEMA)

@@ -4,7 +4,7 @@
 --   straggler is joined through the topology valid at that time (GPU -> affine NIC -> switch
 --   port, ASOF on valid_from; else the enrichment the samples landed with) and by aligned time
 --   window (window_s buckets) to the congestion seen on that rank's NIC ports and leaf port,
---   naming them. Collective times are the source clock of the rank's node.
+--   naming them. Collective times are aligned to the common clock by the refiner.
 -- param: start = 1970-01-01 00:00:00 | window start (UTC)
 -- param: end = 2262-01-01 00:00:00 | window end, exclusive (UTC)
 -- param: job = % | job id (LIKE pattern)

@@ -1,5 +1,6 @@
 -- view: collectives
--- NCCL collective records, one row per (op instance, rank), with node from the envelope.
+-- NCCL collective records, one row per (op instance, rank), on the common clock (ts = ts_ns
+-- aligned, ts_source as stamped), with the publishing node and raw lineage.
 -- union_by_name: files written before a column existed read it as NULL.
 CREATE OR REPLACE VIEW collectives AS
 SELECT *
