@@ -31,6 +31,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "services.detect.cli",
     "services.security.cli",
     "services.report.cli",
+    "services.demo.cli",
 )
 
 Handler = Callable[[argparse.Namespace, RefinerySettings], int]
@@ -195,6 +196,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"refinery: error: {e}", file=sys.stderr)
         return 2
     except BrokerError as e:
+        print(f"refinery: {e}", file=sys.stderr)
+        return 1
+    except RuntimeError as e:  # a stage of a long-running command failed: say which
         print(f"refinery: {e}", file=sys.stderr)
         return 1
     except RefineryError as e:

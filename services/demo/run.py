@@ -1,0 +1,371 @@
+"""``refinery demo``: the whole mission on one machine, end to end.
+
+Starts a local broker (unless ``REFINERY_BOOTSTRAP_SERVERS`` is set), applies the topics
+under a fresh prefix, starts the refining worker, the detect service and the lake lander,
+publishes a simulated cluster with a PFC storm, a throttling GPU, an XID, clock skew,
+duplicates and malformed records (topology and job placement first), waits until every stage
+has caught up, stops everything it started (also on Ctrl-C) and prints what the lake says:
+the accounting, the alerts with their causes and the top findings of the named queries.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from services.demo.procs import Child, end_offsets, group_lag, spawn, wait_until
+from services.settings import KafkaSettings, RefinerySettings
+
+FAULTS = "pfc_storm:count=1,throttle:count=1,xid:count=1,clock,dup,malformed"
+
+
+@dataclass(frozen=True)
+class DemoOptions:
+    nodes: int = 32
+    gpus: int = 8
+    nics: int = 8
+    cpus: int = 32
+    duration_s: int = 60
+    seed: int = 7
+    faults: str = FAULTS
+    lake: Path = Path("lake")
+    report: Path | None = None
+
+
+def run_demo(
+    opts: DemoOptions, settings: RefinerySettings, say: Callable[[str], None]
+) -> dict[str, Any]:
+    """Run the demo; returns the summary (also what ``--json`` prints). Raises on failure
+    after stopping everything it started."""
+    from services.broker import LocalKafka
+
+    started_broker: LocalKafka | None = None
+    children: list[Child] = []
+    t0 = time.monotonic()
+    try:
+        if os.environ.get("REFINERY_BOOTSTRAP_SERVERS"):
+            kafka = settings.kafka()
+            say(f"using Kafka at {kafka.bootstrap_servers}")
+        else:
+            started_broker = LocalKafka(
+                settings.home / "demo-broker", version=settings.kafka_version
+            )
+            say("starting a local Apache Kafka broker (KRaft, 127.0.0.1)…")
+            state = started_broker.start(nodes=1, base_port=0, progress=True)
+            kafka = KafkaSettings(bootstrap_servers=state.bootstrap)
+            say(f"broker ready at {state.bootstrap} ({time.monotonic() - t0:.1f}s)")
+        conf = kafka.librdkafka()
+        prefix = f"demo{uuid.uuid4().hex[:6]}."
+        from services.topics import apply_topics, load_topic_specs
+
+        changes = apply_topics(conf, load_topic_specs(prefix=prefix))
+        say(f"topics: {len(changes)} created under prefix {prefix!r}")
+
+        env = {
+            "REFINERY_BOOTSTRAP_SERVERS": kafka.bootstrap_servers,
+            "REFINERY_LAKE": str(opts.lake.resolve()),
+            "REFINERY_HOME": str(settings.home),
+        }
+        logdir = settings.home / "demo-logs"
+        worker = spawn(
+            "worker",
+            [
+                "worker",
+                "--topic-prefix",
+                prefix,
+                "--app-id",
+                prefix + "worker",
+                "--web-port",
+                "0",
+                "--data-dir",
+                str(settings.home / "demo-worker"),
+            ],
+            env,
+            logdir,
+        )
+        detect = spawn(
+            "detect",
+            ["detect", "--topic-prefix", prefix, "--group", prefix + "detect"],
+            env,
+            logdir,
+        )
+        land_topics = [
+            f"{prefix}{t}={d}"
+            for t, d in (
+                ("telemetry.refined", "samples"),
+                ("telemetry.events.aligned", "events"),
+                ("telemetry.collectives.aligned", "collectives"),
+                ("telemetry.alerts", "alerts"),
+                ("telemetry.episodes", "episodes"),
+                ("telemetry.deadletter", "deadletter"),
+                ("telemetry.rollups", "rollups"),
+                ("topology", "topology"),
+                ("jobs", "jobs"),
+                ("telemetry.accounting", "accounting"),
+            )
+        ]
+        land = spawn(
+            "land",
+            [
+                "land",
+                "--group",
+                prefix + "land",
+                "--instance-id",
+                "demo",
+                "--max-age",
+                "2",
+                "--topics",
+                *land_topics,
+            ],
+            env,
+            logdir,
+        )
+        children = [worker, detect, land]
+        say(f"worker, detect and lander started (logs in {logdir})")
+        wait_until(
+            "the worker joins its group",
+            lambda: _joined(conf, prefix + "worker"),
+            90,
+            children,
+            say,
+        )
+
+        from services.simulate.cluster import Cluster
+        from services.simulate.engine import Simulation
+        from services.simulate.publish import Topics, publish
+
+        truth = settings.home / "demo-truth" / "truth.parquet"
+        truth.parent.mkdir(parents=True, exist_ok=True)
+        sim = Simulation(
+            Cluster.build(
+                opts.nodes, gpus=opts.gpus, nics=opts.nics, seed=opts.seed, cpus=opts.cpus
+            ),
+            opts.faults,
+            seed=opts.seed,
+            duration_ns=opts.duration_s * 1_000_000_000,
+        )
+        say(
+            f"simulating {opts.nodes} nodes x {opts.gpus} GPUs x {opts.nics} NICs for "
+            f"{opts.duration_s}s with faults: {opts.faults}"
+        )
+        topics = Topics(
+            *(
+                prefix + t
+                for t in (
+                    "telemetry.raw",
+                    "telemetry.events",
+                    "telemetry.collectives",
+                    "topology",
+                    "jobs",
+                )
+            )
+        )
+        rep = publish(
+            sim,
+            kafka,
+            topics,
+            truth,
+            speed=1.0,
+            progress_cb=lambda p: say("  " + p.line()),
+            progress_every_s=10.0,
+        )
+        if rep.unacked:
+            raise RuntimeError(f"{rep.unacked} messages were not acknowledged by Kafka")
+        say(f"published {rep.messages_acked} messages / {rep.samples_acked} samples")
+
+        inputs = [
+            prefix + t for t in ("telemetry.raw", "telemetry.events", "telemetry.collectives")
+        ]
+        wait_until(
+            "the worker refines the backlog",
+            lambda: group_lag(conf, prefix + "worker", inputs) == 0,
+            180,
+            children,
+            say,
+        )
+        derived_in = [
+            prefix + t
+            for t in (
+                "telemetry.refined",
+                "telemetry.events.aligned",
+                "telemetry.collectives.aligned",
+            )
+        ]
+        wait_until(
+            "detect catches up",
+            lambda: group_lag(conf, prefix + "detect", derived_in) == 0,
+            120,
+            children,
+            say,
+        )
+        time.sleep(2)
+        detect.stop()  # flushes held collectives and open rollup windows
+        land_in = [t.split("=")[0] for t in land_topics]
+        wait_until(
+            "the lake lands everything",
+            lambda: group_lag(conf, prefix + "land", land_in) == 0,
+            120,
+            [land, worker],
+            say,
+        )
+        for c in (land, worker):
+            c.stop()
+        say(f"pipeline drained in {time.monotonic() - t0:.0f}s; reading the lake…")
+        summary = summarize(opts.lake, rep.as_dict(), _incidents(truth))
+        summary["lake"] = str(opts.lake.resolve())
+        summary["prefix"] = prefix
+        summary["seconds"] = round(time.monotonic() - t0, 1)
+        summary["raw_end_offsets"] = sum(end_offsets(conf, inputs).values())
+        return summary
+    finally:
+        for c in children:
+            if c.alive():
+                c.stop(30)
+        if started_broker is not None:
+            started_broker.stop()
+
+
+def _joined(conf: dict[str, Any], group: str) -> bool:
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({**conf, "log_level": 3})
+    try:
+        res = admin.describe_consumer_groups([group], request_timeout=5)[group].result()
+    except Exception:
+        return False
+    return str(res.state).endswith("STABLE") and bool(res.members)
+
+
+def _incidents(truth: Path) -> list[dict[str, Any]]:
+    import pyarrow.parquet as pq
+
+    path = truth.with_name(truth.name + ".incidents.parquet")
+    return pq.read_table(path).to_pylist() if path.exists() else []
+
+
+def summarize(
+    lake: Path, published: dict[str, Any], incidents: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """What the lake says, as plain data."""
+    from services.lake.sqlload import connect, run_query
+
+    con = connect(str(lake))
+
+    def rows(sql: str) -> list[dict[str, Any]]:
+        cur = con.execute(sql)
+        names = [d[0] for d in cur.description]
+        return [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
+
+    acc = rows("""SELECT count(*) AS messages,
+                         sum(input_samples) AS input, sum(refined_samples) AS refined,
+                         sum(duplicate_samples) AS deduplicated,
+                         sum(quarantined_samples) AS quarantined,
+                         count(*) FILTER (WHERE outcome = 'duplicate') AS duplicate_messages,
+                         count(*) FILTER (WHERE outcome = 'deadletter') AS deadletter_messages
+                  FROM lake_accounting""")[0]
+    landed = rows("SELECT count(*) AS n FROM samples")[0]["n"]
+    out: dict[str, Any] = {
+        "published": published,
+        "incidents": [
+            {
+                k: v
+                for k, v in i.items()
+                if k in ("id", "kind", "node", "device", "switch", "port", "job")
+            }
+            for i in incidents
+        ],
+        "accounting": {
+            **acc,
+            "landed_samples": landed,
+            "balanced": acc["input"] == acc["refined"] + acc["deduplicated"] + acc["quarantined"]
+            and landed == acc["refined"],
+        },
+        "deadletters": rows(
+            "SELECT reason, count(*) AS records, sum(samples) AS samples "
+            "FROM deadletter GROUP BY ALL ORDER BY 1"
+        ),
+        "alerts": rows("""SELECT rule, severity, entity, job, summary, cause
+                          FROM alerts WHERE state = 'firing'
+                          QUALIFY row_number() OVER (PARTITION BY id) = 1
+                          ORDER BY starts_ns"""),
+        "episodes": rows("""SELECT kind, entity, list_distinct(flatten(list(jobs))) AS jobs,
+                                   max_by(cause_hint, emitted_ns) AS cause_hint
+                            FROM episodes GROUP BY id, kind, entity ORDER BY min(start_ns)"""),
+    }
+    for name, params in (
+        ("top_congested_links", {"limit": "5"}),
+        ("gpu_throttling_by_cause", {}),
+        ("stragglers", {"limit": "8"}),
+    ):
+        rel = run_query(con, name, params)
+        names = [d[0] for d in rel.description]
+        out[name] = [dict(zip(names, r, strict=True)) for r in rel.fetchall()[:8]]
+    return out
+
+
+def render(summary: dict[str, Any]) -> str:
+    """The human-readable summary."""
+    a = summary["accounting"]
+    lines = [
+        "",
+        "── accounting (from the lake) " + "─" * 40,
+        f"  input {a['input']:,} samples = refined {a['refined']:,} + deduplicated "
+        f"{a['deduplicated']:,} + quarantined {a['quarantined']:,}   "
+        f"[{'balanced' if a['balanced'] else 'NOT BALANCED'}; landed {a['landed_samples']:,}]",
+        f"  {a['messages']:,} raw messages: {a['duplicate_messages']} transport duplicates, "
+        f"{a['deadletter_messages']} rejected whole",
+    ]
+    for d in summary["deadletters"]:
+        lines.append(
+            f"  dead letters: {d['reason']:<28} {d['records']} record(s), {d['samples']} sample(s)"
+        )
+    lines.append("── injected (simulator truth) " + "─" * 40)
+    for i in summary["incidents"]:
+        where = " ".join(str(i[k]) for k in ("node", "device", "switch", "port", "job") if i[k])
+        lines.append(f"  {i['kind']:<10} {where}")
+    lines.append("── alerts (telemetry.alerts) " + "─" * 41)
+    for al in summary["alerts"]:
+        cause = f"\n      cause: {al['cause']}" if al["cause"] else ""
+        lines.append(
+            f"  [{al['severity']}] {al['rule']:<22} {al['entity']:<28} "
+            f"{al['job'] or '':<8} {al['summary'][:70]}{cause}"
+        )
+    lines.append("── episodes (telemetry.episodes) " + "─" * 37)
+    for e in summary["episodes"]:
+        lines.append(f"  {e['kind']:<11} {e['entity']:<26} jobs={e['jobs']}  {e['cause_hint']}")
+    for name in ("top_congested_links", "gpu_throttling_by_cause", "stragglers"):
+        lines.append(f"── refinery query {name} " + "─" * max(4, 52 - len(name)))
+        rows = summary[name]
+        if not rows:
+            lines.append("  (no rows)")
+        for r in rows[:5]:
+            lines.append("  " + "  ".join(f"{k}={_short(v)}" for k, v in list(r.items())[:7]))
+    lake = summary["lake"]
+    lines += [
+        "── explore " + "─" * 59,
+        f"  lake: {lake}",
+        f'  REFINERY_LAKE={lake} refinery sql -c "SELECT metric, count(*) FROM samples GROUP BY 1"',
+        f"  REFINERY_LAKE={lake} refinery query --list",
+        f"  duckdb -cmd \"SET VARIABLE lake = '{lake}'\" -init sql/init.sql",
+        f"  finished in {summary['seconds']}s",
+    ]
+    return "\n".join(lines)
+
+
+def _short(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    s = str(v)
+    return s if len(s) <= 40 else s[:37] + "…"
+
+
+def dump_json(summary: dict[str, Any]) -> None:
+    json.dump(summary, sys.stdout, indent=2, default=str)
+    sys.stdout.write("\n")
