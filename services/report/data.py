@@ -346,23 +346,26 @@ def clock_data(con: duckdb.DuckDBPyConnection, scope: Scope, sources: int = 10) 
 
 def quality_data(con: duckdb.DuckDBPyConnection, scope: Scope) -> dict[str, Any]:
     """``accounting``: lake_accounting rows (raw_partition, input, refined, duplicate,
-    quarantined, unaccounted, ok) for the raw partitions that carried the scope's samples
-    (every partition without a job or window filter); ``dead``: (reason, records, samples);
+    quarantined, unaccounted, ok) for the raw partitions that carried the scope's samples or
+    dead letters (whole-partition totals: accounting rows have no sample times);
+    ``dead``: (reason, records, samples);
     ``findings``: data_quality rows (check, subject, count, value, detail) for the scope."""
     acc = con.execute(
         f"""SELECT raw_partition, input_samples, refined_samples, duplicate_samples,
                    quarantined_samples, unaccounted_samples, ok
             FROM lake_accounting
-            WHERE raw_partition IN (SELECT DISTINCT raw_partition FROM samples
-                                    WHERE ts >= $s AND ts < $e AND {_nodes_sql(scope)})
-               OR ($all AND input_samples > 0)
+            WHERE raw_partition IN (
+                SELECT raw_partition FROM samples
+                WHERE ts >= $s AND ts < $e AND {_nodes_sql(scope)}
+                UNION SELECT partition FROM deadletter
+                WHERE ts >= $s AND ts < $e AND {_nodes_sql(scope)}
+                  AND (topic = 'telemetry.raw' OR topic LIKE '%.raw'))
             ORDER BY raw_partition""",
-        {"s": scope.start_ns, "e": scope.end_ns, "all": scope.nodes is None},
+        {"s": scope.start_ns, "e": scope.end_ns},
     ).fetchall()
     dead = con.execute(
         f"""SELECT reason, count(*), coalesce(sum(samples), 0) FROM deadletter
-            WHERE coalesce(ts_ns, ts) >= $s AND coalesce(ts_ns, ts) < $e
-              AND {_nodes_sql(scope)}
+            WHERE ts >= $s AND ts < $e AND {_nodes_sql(scope)}
             GROUP BY reason ORDER BY count(*) DESC, reason""",
         {"s": scope.start_ns, "e": scope.end_ns},
     ).fetchall()
