@@ -65,20 +65,18 @@ def congestion_panel(d: dict[str, list[D.Row]], scope: D.Scope) -> str:
     keys = sorted({(r[0], r[1], r[2]) for r in d["cells"]}, key=lambda k: (k[0] is None, k))
     names = [f"rail {k[0]} {k[1]}:{k[2]}" for k in keys]
     index = {k: i for i, k in enumerate(keys)}
-    label_w, gap = 150.0, 16.0
-    w = (WIDTH - label_w - 3 * gap) / 3
+    label_w = 150.0
+    w = (WIDTH - label_w - 100) / 3  # three maps and their margins in one row
+    paused = any(r[4] for r in d["cells"])
     figs: list[str] = []
-    for j, (series, title, unit, col, scale) in enumerate(
-        (
-            ("paused_pct", "PFC paused time (busiest priority)", "% of time paused", 4, 100.0),
-            ("pause_fps", "PFC pause frames received", "frames/s", 5, 1.0),
-            ("ecn_ps", "ECN-marked RoCE packets", "packets/s", 6, 1.0),
-            ("cnp_ps", "CNPs sent", "CNPs/s", 7, 1.0),
-        )
+    for series, title, unit, col, scale in (
+        ("paused_pct", "PFC paused time (busiest priority)", "% of time paused", 4, 100.0)
+        if paused  # a fabric that counts pause frames but not paused time: show the frames
+        else ("pause_fps", "PFC pause frames received", "frames/s", 5, 1.0),
+        ("ecn_ps", "ECN-marked RoCE packets", "packets/s", 6, 1.0),
+        ("cnp_ps", "CNPs sent", "CNPs/s", 7, 1.0),
     ):
-        if j == 1:
-            continue  # frames/s is in the tooltips of paused time; three maps fit one row
-        ts = TimeScale(scope.start_ns, scope.end_ns, label_w if not figs else 4.0, w)
+        ts = TimeScale(scope.start_ns, scope.end_ns, label_w if not figs else 24.0, w)
         cells = [
             HeatCell(index[(r[0], r[1], r[2])], r[3], float(r[col]) * scale) for r in d["cells"]
         ]
