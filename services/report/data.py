@@ -375,6 +375,8 @@ def quality_data(con: duckdb.DuckDBPyConnection, scope: Scope) -> dict[str, Any]
         findings = [
             f for f in findings if f[0] not in node_checks or scope.node_ok(f[1].split("/")[0])
         ]
+        parts = {f"raw partition {r[0]}" for r in acc}
+        findings = [f for f in findings if f[0] != "duplicate_deduplicated" or f[1] in parts]
         findings = [f for f in findings if f[0] != "deadletter"]
         findings += [("deadletter", r, c, float(n), "records") for r, c, n in dead]
     return {"accounting": acc, "dead": dead, "findings": findings}

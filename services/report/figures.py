@@ -222,3 +222,17 @@ def bar_chart(
         body.append(legend([(c, n, "box") for n, c in stack], 4, base + 40, width - 8))
         height += 22 + 18 * int(sum(26 + 6.2 * len(n) for n, _ in stack) // (width - 8))
     return svg(width, height, "".join(body), data_figure=fig)
+
+
+EMPTY = '<div class="empty">no data in this range</div>'
+
+
+def panel(pid: str, title: str, caption: str, body: str, empty: bool, **data: object) -> str:
+    """A ``<section class="panel" id="panel-{pid}">`` with a title, a one-line caption and
+    ``body``, or the "no data in this range" box when ``empty`` (``data-state`` says which)."""
+    return (
+        f'<section class="panel" id="panel-{pid}" '
+        f"{attrs(data_state='empty' if empty else 'data', **data)}>"
+        f'<h2>{escape(title)}</h2><p class="caption">{escape(caption)}</p>'
+        f"{EMPTY if empty else body}</section>"
+    )
