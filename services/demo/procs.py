@@ -76,6 +76,11 @@ def end_offsets(conf: dict[str, Any], topics: list[str]) -> dict[tuple[str, int]
 
 def group_lag(conf: dict[str, Any], group: str, topics: list[str]) -> int:
     """Records of ``topics`` not yet committed by consumer group ``group``."""
+    return sum(lag_by_topic(conf, group, topics).values())
+
+
+def lag_by_topic(conf: dict[str, Any], group: str, topics: list[str]) -> dict[str, int]:
+    """Per topic, records not yet committed by consumer group ``group``."""
     from confluent_kafka import Consumer, TopicPartition
 
     ends = end_offsets(conf, topics)
@@ -84,10 +89,10 @@ def group_lag(conf: dict[str, Any], group: str, topics: list[str]) -> int:
         committed = c.committed([TopicPartition(t, p) for t, p in ends], timeout=10)
     finally:
         c.close()
-    lag = 0
+    lag: dict[str, int] = {}
     for tp in committed:
         hi = ends[(tp.topic, tp.partition)]
-        lag += hi - (tp.offset if tp.offset >= 0 else 0)
+        lag[tp.topic] = lag.get(tp.topic, 0) + hi - (tp.offset if tp.offset >= 0 else 0)
     return lag
 
 
@@ -98,6 +103,7 @@ def wait_until(
     children: list[Child],
     say: Callable[[str], None],
     every: float = 1.0,
+    detail: Callable[[], str] | None = None,
 ) -> None:
     """Poll ``done`` until true; raise if a child died or ``timeout`` passed."""
     deadline = time.monotonic() + timeout
@@ -111,6 +117,6 @@ def wait_until(
         if time.monotonic() > deadline:
             raise RuntimeError(f"timed out after {timeout:.0f}s while {what}")
         if time.monotonic() - last_say > 5:
-            say(f"  … {what}")
+            say(f"  … {what}" + (f" ({detail()})" if detail else ""))
             last_say = time.monotonic()
         time.sleep(every)

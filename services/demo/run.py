@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from services.demo.procs import Child, end_offsets, group_lag, spawn, wait_until
+from services.demo.procs import Child, end_offsets, group_lag, lag_by_topic, spawn, wait_until
 from services.settings import KafkaSettings, RefinerySettings
 
 FAULTS = "pfc_storm:count=1,throttle:count=1,xid:count=1,clock,dup,malformed"
@@ -189,6 +189,7 @@ def run_demo(
             180,
             children,
             say,
+            detail=lambda: _lag_text(conf, prefix + "worker", inputs, prefix),
         )
         derived_in = [
             prefix + t
@@ -230,6 +231,11 @@ def run_demo(
                 c.stop(30)
         if started_broker is not None:
             started_broker.stop()
+
+
+def _lag_text(conf: dict[str, Any], group: str, topics: list[str], prefix: str) -> str:
+    lag = lag_by_topic(conf, group, topics)
+    return ", ".join(f"{t.removeprefix(prefix)} {n:,} behind" for t, n in lag.items())
 
 
 def _joined(conf: dict[str, Any], group: str) -> bool:

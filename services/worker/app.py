@@ -134,7 +134,6 @@ def build_app(
             key_serializer="raw",
             value_serializer="raw",
             partitions=partitions,
-            acks=False,
         )
 
     def table(name: str, partitions: int) -> Any:
@@ -193,13 +192,10 @@ def build_app(
                     await asyncio.gather(*futures)  # outputs acknowledged first
                 streams, nodes = proc.dirty_blobs()
                 for key, blob in streams.items():
-                    stream._set_current_event(last_for[key])
-                    stream_table[key.encode()] = blob
+                    _put(stream_table, last_for[key], key, blob)
                 if node_table is not None:
                     for node, blob in nodes.items():
-                        stream._set_current_event(last_for["node:" + node])
-                        node_table[node.encode()] = blob
-                stream._set_current_event(None)
+                        _put(node_table, last_for["node:" + node], node, blob)
                 await app.producer.flush()  # then the state; Faust acks the group after
             progress.groups += 1
             progress.records += len(events)
@@ -221,7 +217,6 @@ def build_app(
         key_serializer="raw",
         value_serializer="raw",
         partitions=cfg.record_partitions,
-        acks=False,
     )
 
     @app.agent(records_in, supervisor_strategy=CrashingSupervisor)
@@ -267,6 +262,16 @@ def build_app(
 
     app.refinery_feed = feed  # type: ignore[attr-defined]
     return app
+
+
+def _put(table: Any, event: Any, key: str, blob: bytes) -> None:
+    """Set a table key with its changelog record on the partition of the record that changed
+    it (the table is co-partitioned with its input topic). Done explicitly instead of
+    ``table[key] = blob`` because the group's records come from several partitions and the
+    stream's current event is only the last one."""
+    k = key.encode()
+    table.data[k] = blob
+    table.send_changelog(event.message.partition, k, blob)
 
 
 def _headers(h: Any) -> list[tuple[str, bytes]]:

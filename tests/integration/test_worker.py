@@ -15,6 +15,7 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 
 from schemas.codec import ARROW, JSON, encode
+from services.demo.procs import group_lag
 from schemas.wire import SAMPLES_SCHEMA, Envelope, SourceId
 from tests.integration.worker_helpers import accounting, fresh_topics, read_all, running_worker
 
@@ -101,6 +102,11 @@ def test_worker_refines_dead_letters_accounts_and_stops_cleanly(
         topics = AdminClient({"bootstrap.servers": kafka_bootstrap}).list_topics(timeout=10).topics
         assert f"{prefix}worker-refine-streams-changelog" in topics
         assert f"{prefix}worker-refine-nodes-changelog" in topics
+        # and it commits what it processed (the group's lag drains to zero)
+        deadline = time.monotonic() + 30
+        while group_lag({"bootstrap.servers": kafka_bootstrap}, f"{prefix}worker", [raw]):
+            assert time.monotonic() < deadline, "the worker never committed its offsets"
+            time.sleep(0.5)
         assert w.stop(signal.SIGTERM) == 0, w.tail()
 
 
