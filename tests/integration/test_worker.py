@@ -15,8 +15,8 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 
 from schemas.codec import ARROW, JSON, encode
-from services.demo.procs import group_lag
 from schemas.wire import SAMPLES_SCHEMA, Envelope, SourceId
+from services.demo.procs import group_lag
 from tests.integration.worker_helpers import accounting, fresh_topics, read_all, running_worker
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
