@@ -269,12 +269,14 @@ def summarize(
         names = [d[0] for d in cur.description]
         return [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
 
-    acc = rows("""SELECT count(*) AS messages,
+    acc = rows("""SELECT sum(raw_records) AS messages,
                          sum(input_samples) AS input, sum(refined_samples) AS refined,
                          sum(duplicate_samples) AS deduplicated,
                          sum(quarantined_samples) AS quarantined,
-                         count(*) FILTER (WHERE outcome = 'duplicate') AS duplicate_messages,
-                         count(*) FILTER (WHERE outcome = 'deadletter') AS deadletter_messages
+                         sum(landed_samples) AS landed, sum(deadletter_samples) AS dead_samples,
+                         sum(duplicate_records) AS duplicate_messages,
+                         sum(deadletter_records) AS deadletter_messages,
+                         bool_and(ok) AS ok
                   FROM lake_accounting""")[0]
     landed = rows("SELECT count(*) AS n FROM samples")[0]["n"]
     out: dict[str, Any] = {
@@ -290,7 +292,8 @@ def summarize(
         "accounting": {
             **acc,
             "landed_samples": landed,
-            "balanced": acc["input"] == acc["refined"] + acc["deduplicated"] + acc["quarantined"]
+            "balanced": bool(acc["ok"])
+            and acc["input"] == acc["refined"] + acc["deduplicated"] + acc["quarantined"]
             and landed == acc["refined"],
         },
         "deadletters": rows(

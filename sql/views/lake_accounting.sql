@@ -43,6 +43,8 @@ dead AS (
 SELECT
     coalesce(a.raw_partition, l.raw_partition, d.raw_partition) AS raw_partition,
     coalesce(a.raw_records, 0) AS raw_records,
+    coalesce(a.duplicate_records, 0) AS duplicate_records,
+    coalesce(a.deadletter_records, 0) AS deadletter_records,
     coalesce(a.input_samples, 0) AS input_samples,
     coalesce(a.refined_samples, 0) AS refined_samples,
     coalesce(a.duplicate_samples, 0) AS duplicate_samples,
