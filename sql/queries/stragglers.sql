@@ -12,13 +12,17 @@
 -- param: window_s = 10 | congestion time bucket, seconds
 -- param: limit = 100 | rows
 WITH c AS (
-    SELECT job, comm, op, op_seq, rank, nranks, node, device, ts_ns, bytes, busbw_gbps,
-           ts_ns - min(ts_ns) OVER (PARTITION BY job, comm, op, op_seq) AS skew_ns,
-           count(*) OVER (PARTITION BY job, comm, op, op_seq) AS arrived
-    FROM collectives
-    WHERE job LIKE $job
-      AND ts_ns >= epoch_ns(CAST($start AS TIMESTAMP))
-      AND ts_ns < epoch_ns(CAST($end AS TIMESTAMP))
+    -- a rank runs where the job placement says (the publishing node may be another one)
+    SELECT x.job, x.comm, x.op, x.op_seq, x.rank, x.nranks,
+           coalesce(jr.node, x.node) AS node, coalesce(jr.gpu, x.device) AS device,
+           x.ts_ns, x.bytes, x.busbw_gbps,
+           x.ts_ns - min(x.ts_ns) OVER (PARTITION BY x.job, x.comm, x.op, x.op_seq) AS skew_ns,
+           count(*) OVER (PARTITION BY x.job, x.comm, x.op, x.op_seq) AS arrived
+    FROM collectives AS x
+    LEFT JOIN job_ranks AS jr ON jr.job = x.job AND jr.rank = x.rank
+    WHERE x.job LIKE $job
+      AND x.ts_ns >= epoch_ns(CAST($start AS TIMESTAMP))
+      AND x.ts_ns < epoch_ns(CAST($end AS TIMESTAMP))
 ),
 slow AS (
     SELECT * FROM c WHERE skew_ns > $skew_ms * 1e6
