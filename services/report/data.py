@@ -67,6 +67,30 @@ class Scope:
         return self.nodes is None or node in self.nodes
 
 
+def named(
+    con: duckdb.DuckDBPyConnection, name: str, params: dict[str, str], cols: tuple[str, ...]
+) -> list[Row]:
+    """Rows of named query ``name`` projected onto ``cols`` by column name, so a query that
+    gains or reorders columns keeps working here; a missing column raises KeyError."""
+    cur = sqlload.run_query(con, name, params)
+    have = [d[0] for d in cur.description or []]
+    idx = [have.index(c) if c in have else -1 for c in cols]
+    if -1 in idx:
+        raise KeyError(f"query {name} has no column {cols[idx.index(-1)]}")
+    return [tuple(r[i] for i in idx) for r in cur.fetchall()]
+
+
+STORM_COLS = ("node", "device", "prio", "rail", "leaf", "leaf_port", "start_time", "end_time")
+STORM_COLS += ("seconds", "samples", "peak_paused_fraction")
+LINK_COLS = ("rail", "switch", "switch_port", "node", "port", "pause_frames", "paused_us")
+LINK_COLS += ("ecn_marked", "cnp_sent", "score")
+STRAGGLER_COLS = ("job", "comm", "op", "op_seq", "rank", "nranks", "node", "gpu", "skew_ms")
+STRAGGLER_COLS += ("arrival", "nic", "leaf", "leaf_port", "likely_cause")
+THROTTLE_COLS = ("node", "gpu", "cause", "samples", "seconds", "mean_sm_clock")
+THROTTLE_COLS += ("min_sm_clock", "unthrottled_sm_clock", "jobs")
+QUALITY_COLS = ("check", "subject", "count", "value", "detail")
+
+
 def _nodes_sql(scope: Scope, col: str = "node") -> str:
     return "TRUE" if scope.nodes is None else f"{col} IN (SELECT node FROM report_nodes)"
 
@@ -131,8 +155,8 @@ def congestion_data(
     per time bucket for the ``rows`` switch ports with the most congestion (score as in
     top_congested_links: each signal's total over the largest port's total, summed).
     paused_fraction is the busiest host port-priority's paused time over the bucket (0..1);
-    the others are summed per second. ``storms``: pfc_storms rows; ``links``:
-    top_congested_links rows (both filtered by the job's nodes)."""
+    the others are summed per second. ``storms``: pfc_storms rows (STORM_COLS); ``links``:
+    top_congested_links rows (LINK_COLS; both filtered by the job's nodes)."""
     b = scope.params(bs=scope.bucket_s)
     cells = con.execute(
         f"""
@@ -178,12 +202,8 @@ def congestion_data(
         """,
         b,
     ).fetchall()
-    storms = [
-        r
-        for r in sqlload.run_query(con, "pfc_storms", scope.named()).fetchall()
-        if scope.node_ok(r[0])
-    ]
-    links = sqlload.run_query(con, "top_congested_links", scope.named(limit="100000")).fetchall()
+    storms = [r for r in named(con, "pfc_storms", scope.named(), STORM_COLS) if scope.node_ok(r[0])]
+    links = named(con, "top_congested_links", scope.named(limit="100000"), LINK_COLS)
     links = [r for r in links if scope.node_ok(r[3])][:8]
     return {"cells": cells, "storms": storms, "links": links}
 
@@ -198,7 +218,7 @@ def straggler_data(
     op_seq, t0_ns, ranks, max_skew_ms, p50_skew_ms, stragglers) per op instance, ``slow``
     (rank, node, gpu, op_seq, ts_ns, t0_ns, skew_ms) per straggler arrival (largest ``most``),
     ``path`` (t, pause_fps, cnp_ps) per bucket on the stragglers' NICs and leaf ports, and
-    ``causes``: the stragglers query's likely cause per straggler."""
+    ``causes``: stragglers query rows (STRAGGLER_COLS)."""
     p = scope.params(sk=skew_ms * 1e6, j=scope.job)
     window = "ts_ns >= $s AND ts_ns < $e"
     job = scope.job
@@ -233,11 +253,12 @@ def straggler_data(
             WHERE skew > $sk ORDER BY skew DESC LIMIT {int(most)}""",
         q,
     ).fetchall()
-    causes = sqlload.run_query(
+    causes = named(
         con,
         "stragglers",
         scope.named(job=job, skew_ms=str(skew_ms), limit="100000", window_s="10"),
-    ).fetchall()
+        STRAGGLER_COLS,
+    )
     out["causes"] = causes
     path = {(r[6], r[10], r[11], r[12]) for r in causes}  # node, nic, leaf, leaf_port
     con.execute(
@@ -267,11 +288,12 @@ def straggler_data(
 
 
 def gpu_data(con: duckdb.DuckDBPyConnection, scope: Scope, gpus: int = 8) -> dict[str, Any]:
-    """``by_cause``: gpu_throttling_by_cause rows (job-filtered); ``clock``: (node, gpu, t,
-    mean SM MHz, OR of non-idle reason bits) per bucket for the ``gpus`` GPUs throttled
-    longest (else the lowest-clocked); ``fleet``: (t, median SM MHz over every GPU)."""
+    """``by_cause``: gpu_throttling_by_cause rows (THROTTLE_COLS, job-filtered);
+    ``clock``: (node, gpu, t, mean SM MHz, OR of non-idle reason bits) per bucket for the
+    ``gpus`` GPUs throttled longest (else the lowest-clocked); ``fleet``: (t, median SM MHz
+    over every GPU)."""
     jf = "TRUE" if scope.job is None else "job = $j"
-    thr = sqlload.run_query(con, "gpu_throttling_by_cause", scope.named()).fetchall()
+    thr = named(con, "gpu_throttling_by_cause", scope.named(), THROTTLE_COLS)
     if scope.job is not None:
         thr = [r for r in thr if scope.job in (r[8] or [])]
     secs: dict[tuple[str, str], float] = {}
@@ -369,7 +391,7 @@ def quality_data(con: duckdb.DuckDBPyConnection, scope: Scope) -> dict[str, Any]
             GROUP BY reason ORDER BY count(*) DESC, reason""",
         {"s": scope.start_ns, "e": scope.end_ns},
     ).fetchall()
-    findings = sqlload.run_query(con, "data_quality", scope.named()).fetchall()
+    findings = named(con, "data_quality", scope.named(), QUALITY_COLS)
     if scope.nodes is not None:
         node_checks = {"gap", "reset", "duplicate_in_lake", "clock_offset"}
         findings = [
