@@ -80,14 +80,22 @@ def named(
     return [tuple(r[i] for i in idx) for r in cur.fetchall()]
 
 
-STORM_COLS = ("node", "device", "prio", "rail", "leaf", "leaf_port", "start_time", "end_time")
-STORM_COLS += ("seconds", "samples", "peak_paused_fraction")
-LINK_COLS = ("rail", "switch", "switch_port", "node", "port", "pause_frames", "paused_us")
-LINK_COLS += ("ecn_marked", "cnp_sent", "score")
-STRAGGLER_COLS = ("job", "comm", "op", "op_seq", "rank", "nranks", "node", "gpu", "skew_ms")
-STRAGGLER_COLS += ("arrival", "nic", "leaf", "leaf_port", "likely_cause")
-THROTTLE_COLS = ("node", "gpu", "cause", "samples", "seconds", "mean_sm_clock")
-THROTTLE_COLS += ("min_sm_clock", "unthrottled_sm_clock", "jobs")
+STORM_COLS: tuple[str, ...] = (
+    *("node", "device", "prio", "rail", "leaf", "leaf_port", "start_time", "end_time"),
+    *("seconds", "samples", "peak_paused_fraction"),
+)
+LINK_COLS: tuple[str, ...] = (
+    *("rail", "switch", "switch_port", "node", "port", "pause_frames", "paused_us"),
+    *("ecn_marked", "cnp_sent", "score"),
+)
+STRAGGLER_COLS: tuple[str, ...] = (
+    *("job", "comm", "op", "op_seq", "rank", "nranks", "node", "gpu", "skew_ms"),
+    *("arrival", "nic", "leaf", "leaf_port", "likely_cause"),
+)
+THROTTLE_COLS: tuple[str, ...] = (
+    *("node", "gpu", "cause", "samples", "seconds", "mean_sm_clock"),
+    *("min_sm_clock", "unthrottled_sm_clock", "jobs"),
+)
 QUALITY_COLS = ("check", "subject", "count", "value", "detail")
 
 
