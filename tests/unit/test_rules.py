@@ -363,10 +363,13 @@ def test_default_rules_cover_every_domain() -> None:
         "freshness",
     }
     metrics = {getattr(r, "metric", None) for r in rules}
+    # RoCE congestion is reported once, as episodes, not also as per-NIC threshold alerts
+    from pipelines.episodes import CONGESTION_THRESHOLDS
+
+    for m in ("nic.rx_prio_pause", "rdma.np_cnp_sent", "rdma.np_ecn_marked_roce_packets"):
+        assert m in CONGESTION_THRESHOLDS and m not in metrics
     for m in (
         "gpu.temp",
-        "nic.rx_prio_pause",
-        "rdma.np_cnp_sent",
         "gpu.pcie_replay",
         "pcie.aer_fatal",
         "mem.available_bytes",

@@ -1,0 +1,81 @@
+"""`refinery demo --quick` end to end against the session broker: the accounting balances and
+the storm, the XID and the throttling are each reported once, with the right entities."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.kafka, pytest.mark.slow]
+
+
+def test_demo_quick(kafka_bootstrap: str, tmp_path: Path) -> None:
+    env = {
+        **os.environ,
+        "REFINERY_BOOTSTRAP_SERVERS": kafka_bootstrap,
+        "REFINERY_HOME": str(tmp_path / "home"),
+    }
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "services.cli",
+            "demo",
+            "--quick",
+            "--json",
+            "--lake",
+            str(tmp_path / "lake"),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=420,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    s = json.loads(p.stdout)
+    acc = s["accounting"]
+    assert acc["balanced"] is True
+    assert acc["input"] == acc["refined"] + acc["deduplicated"] + acc["quarantined"]
+    assert acc["landed_samples"] == acc["refined"] > 0
+    # every injected duplicate and malformed record is accounted for as such (simulator truth)
+    kinds = s["published"]["by_kind"]
+    assert acc["duplicate_messages"] == kinds.get("duplicate", 0)
+    assert acc["deadletter_messages"] == kinds.get("malformed", 0) > 0
+    assert {d["reason"] for d in s["deadletters"]} >= {"undecodable", "unknown_metric"}
+
+    incidents = {i["kind"]: i for i in s["incidents"]}
+    assert set(incidents) == {"pfc_storm", "throttle", "xid"}
+    alerts = s["alerts"]
+
+    storm = incidents["pfc_storm"]
+    port = f"{storm['switch']}/{storm['port']}"
+    storm_episodes = [
+        e for e in s["episodes"] if e["kind"] == "congestion" and e["entity"].startswith(port + "/")
+    ]
+    assert len(storm_episodes) == 1, s["episodes"]
+    assert not [e for e in s["episodes"] if e["kind"] == "congestion" and e not in storm_episodes]
+    stragglers = [a for a in alerts if a["rule"] == "nccl_straggler"]
+    assert len(stragglers) == 1 and stragglers[0]["job"] == storm["job"]
+    assert f"{storm['switch']} port {storm['port']}" in stragglers[0]["cause"]
+
+    xid = incidents["xid"]
+    xid_alerts = [a for a in alerts if a["rule"] == "gpu_xid"]
+    assert [a["entity"] for a in xid_alerts] == [f"{xid['node']}/{xid['device']}"]
+
+    thr = incidents["throttle"]
+    thr_alerts = [a for a in alerts if a["rule"].endswith("_throttle")]
+    assert [a["entity"] for a in thr_alerts] == [f"{thr['node']}/{thr['device']}"]
+    assert thr_alerts[0]["job"] == thr["job"]
+
+    # nothing else fires: only clock alerts for skewed sources remain
+    others = [a for a in alerts if a not in stragglers + xid_alerts + thr_alerts]
+    assert all(a["rule"] == "clock_offset" for a in others), others
+    # the named queries find the injected incidents
+    assert s["top_congested_links"][0]["switch"] == storm["switch"]
+    assert any(r["gpu"] == thr["device"] for r in s["gpu_throttling_by_cause"])
