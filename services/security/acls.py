@@ -118,16 +118,20 @@ def _targets(rule: dict[str, Any], where: str) -> list[tuple[str, str, str]]:
     return [(resource, pattern, n) for n in names]
 
 
-def _binding(acl: Acl) -> Any:
+def _binding(acl: Acl, exact: bool = False) -> Any:
+    """The confluent-kafka AclBinding of ``acl`` (``exact``: an AclBindingFilter matching
+    only it, for delete_acls)."""
     from confluent_kafka.admin import (  # type: ignore[attr-defined]
         AclBinding,
+        AclBindingFilter,
         AclOperation,
         AclPermissionType,
         ResourcePatternType,
         ResourceType,
     )
 
-    return AclBinding(
+    cls = AclBindingFilter if exact else AclBinding
+    return cls(
         ResourceType[acl.resource],
         acl.name,
         ResourcePatternType[acl.pattern],
@@ -196,7 +200,7 @@ def apply_acls(conf: dict[str, Any], spec: list[Acl], timeout: float = 30.0) -> 
                 fut.result(timeout)
         if removes:
             for fut in admin.delete_acls(
-                [_binding(a) for a in removes], request_timeout=timeout
+                [_binding(a, exact=True) for a in removes], request_timeout=timeout
             ).values():
                 fut.result(timeout)
     except KafkaException as e:

@@ -1,0 +1,287 @@
+"""A secure local broker (``refinery broker start --secure``): TLS everywhere, SCRAM-SHA-512 and
+mutual-TLS clients, least-privilege ACLs from deploy/acls.yaml, and the whole pipeline
+(simulator → worker → lander) running under its own principals. Passwords never appear in
+any output or log."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
+
+from services.security.local import PRINCIPALS, SecureMaterial
+
+pytestmark = [pytest.mark.kafka, pytest.mark.slow]
+REPO = Path(__file__).resolve().parents[2]
+WORKER_ARGS = ("--web-port", "0", "--loglevel", "info", "--data-dir")
+
+
+def cli(*args: str, env: dict[str, str] | None = None, timeout: float = 180) -> Any:
+    return subprocess.run(
+        [sys.executable, "-m", "services.cli", *args],
+        capture_output=True,
+        text=True,
+        env={**_clean_env(), **(env or {})},
+        cwd=REPO,
+        timeout=timeout,
+    )
+
+
+def _clean_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith("REFINERY_")}
+
+
+@dataclass
+class Secure:
+    data_dir: Path
+    bootstrap: str
+    mtls_bootstrap: str
+    material: SecureMaterial
+    outputs: list[str]  # every CLI output so far, checked for passwords at the end
+
+    def env(self, principal: str) -> dict[str, str]:
+        return self.material.client_environ(principal, self.bootstrap)
+
+    def conf(self, principal: str) -> dict[str, Any]:
+        conf: dict[str, Any] = self.material.client_settings(principal, self.bootstrap).librdkafka()
+        return conf
+
+    def passwords(self) -> list[str]:
+        return [self.material.password(p) for p in PRINCIPALS]
+
+
+@pytest.fixture(scope="module")
+def secure(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secure]:
+    data = tmp_path_factory.mktemp("secure") / "broker"
+    start = cli("broker", "start", "--secure", "--port", "0", "--data-dir", str(data))
+    assert start.returncode == 0, start.stderr[-2000:]
+    try:
+        st = cli("broker", "status", "--json", "--data-dir", str(data))
+        status = json.loads(st.stdout)
+        sec = status["secure"]
+        s = Secure(
+            data,
+            sec["bootstrap_servers"],
+            sec["mtls_bootstrap_servers"],
+            SecureMaterial(data / "security"),
+            [start.stdout, start.stderr, st.stdout, st.stderr],
+        )
+        applied = cli("acls", "apply", env=s.env("admin"))
+        assert applied.returncode == 0, applied.stderr
+        s.outputs += [applied.stdout, applied.stderr]
+        topics = cli("topics", "apply", env=s.env("admin"))
+        assert topics.returncode == 0, topics.stderr
+        yield s
+    finally:
+        cli("broker", "stop", "--data-dir", str(data))
+
+
+def test_status_reports_listeners_and_files_but_no_secret(secure: Secure) -> None:
+    st = json.loads(cli("broker", "status", "--json", "--data-dir", str(secure.data_dir)).stdout)
+    sec = st["secure"]
+    assert sec["security_protocol"] == "SASL_SSL" and sec["sasl_mechanism"] == "SCRAM-SHA-512"
+    assert set(sec["clients"]) == set(PRINCIPALS)
+    for files in sec["clients"].values():
+        for key in ("env", "key"):
+            mode = stat.S_IMODE(os.stat(files[key]).st_mode)
+            assert mode == 0o600, (files[key], oct(mode))
+    for private in ("ca.key", "broker.p12", "broker.secret"):
+        assert stat.S_IMODE(os.stat(secure.material.root / private).st_mode) == 0o600
+    props = secure.data_dir / "node-1" / "server.properties"
+    assert stat.S_IMODE(os.stat(props).st_mode) == 0o600
+    text = props.read_text()
+    assert "allow.everyone.if.no.acl.found=false" in text
+    assert "super.users=User:admin;User:broker\n" in text  # never User:ANONYMOUS
+    assert "PLAINTEXT" not in text.split("listener.security.protocol.map=")[1].split("\n")[0]
+    # distinct random passwords, none of them anywhere in what the CLI printed
+    pws = secure.passwords()
+    assert len(set(pws)) == len(pws) and all(len(p) >= 32 for p in pws)
+    secure.outputs.append(json.dumps(st))
+
+
+def test_acls_apply_is_idempotent_and_prunes(secure: Secure, tmp_path: Path) -> None:
+    again = cli("acls", "apply", "--json", env=secure.env("admin"))
+    assert again.returncode == 0 and json.loads(again.stdout) == []
+    assert "no changes" in again.stderr
+    # drop the alerts principal's group rule: apply removes exactly those ACLs
+    spec = (REPO / "deploy" / "acls.yaml").read_text()
+    narrowed = tmp_path / "acls.yaml"
+    rule = "    - {group_prefixes: [refinery-alerts], operations: [Read, Describe]}\n"
+    assert rule in spec
+    narrowed.write_text(spec.replace(rule, ""))
+    out = cli("acls", "apply", "--spec", str(narrowed), "--json", env=secure.env("admin"))
+    assert out.returncode == 0, out.stderr
+    changes = json.loads(out.stdout)
+    assert {(c["action"], c["name"], c["operation"]) for c in changes} == {
+        ("remove", "refinery-alerts", "READ"),
+        ("remove", "refinery-alerts", "DESCRIBE"),
+    }
+    back = cli("acls", "apply", env=secure.env("admin"))
+    assert back.returncode == 0 and back.stdout.count("add") == 2
+    # a non-super user may not change ACLs
+    denied = cli("acls", "apply", env=secure.env("refinery-worker"))
+    assert denied.returncode == 1 and "ACL" in denied.stderr
+    secure.outputs += [again.stdout, again.stderr, out.stdout, back.stdout, denied.stderr]
+
+
+def _produce(conf: dict[str, Any], topic: str, n: int = 3) -> list[KafkaError | None]:
+    results: list[KafkaError | None] = []
+    p = Producer({**conf, "message.timeout.ms": 10_000, "log_level": 0})
+    for i in range(n):
+        p.produce(topic, f"v{i}".encode(), on_delivery=lambda err, _m: results.append(err))
+    p.flush(15)
+    return results
+
+
+def _consume_error(conf: dict[str, Any], topic: str, group: str) -> int | None:
+    """The first error code a subscribing consumer gets (None: it read a record)."""
+    c = Consumer({**conf, "group.id": group, "auto.offset.reset": "earliest", "log_level": 0})
+    c.subscribe([topic])
+    try:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            m = c.poll(0.5)
+            if m is None:
+                continue
+            err = m.error()
+            if err is None:
+                return None
+            if err.code() != KafkaError._PARTITION_EOF:
+                return int(err.code())
+        raise AssertionError(f"no record and no error from {topic} in group {group}")
+    finally:
+        c.close()
+
+
+def test_least_privilege_is_enforced(secure: Secure) -> None:
+    exporter, alerts = secure.conf("refinery-exporter"), secure.conf("refinery-alerts")
+    assert _produce(exporter, "telemetry.raw") == [None, None, None]
+    denied = _produce(exporter, "telemetry.refined", 1)
+    assert denied[0] is not None and denied[0].code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
+    assert _consume_error(exporter, "telemetry.raw", "refinery-x") in (
+        KafkaError.TOPIC_AUTHORIZATION_FAILED,
+        KafkaError.GROUP_AUTHORIZATION_FAILED,  # it has no group either
+    )
+    assert _produce(secure.conf("admin"), "telemetry.alerts", 1) == [None]
+    assert _consume_error(alerts, "telemetry.alerts", f"refinery-alerts-{uuid.uuid4()}") is None
+    assert (
+        _consume_error(alerts, "telemetry.alerts", "someone-else")
+        == KafkaError.GROUP_AUTHORIZATION_FAILED
+    )
+    assert (
+        _consume_error(alerts, "telemetry.refined", "refinery-alerts-x")
+        == KafkaError.TOPIC_AUTHORIZATION_FAILED
+    )
+
+
+def test_authentication_is_required(secure: Secure) -> None:
+    wrong = {**secure.conf("refinery-exporter"), "sasl.password": "not-the-password"}
+    with pytest.raises(KafkaException) as e:
+        AdminClient({**wrong, "log_level": 0}).list_topics(timeout=8)
+    assert "Authentication failed" in str(e.value) or "_TRANSPORT" in str(e.value)
+    plain = {"bootstrap.servers": secure.bootstrap, "log_level": 0}
+    with pytest.raises(KafkaException):
+        AdminClient(plain).list_topics(timeout=5)
+    # mutual TLS: the certificate is the identity (CN=refinery-exporter); no certificate, no
+    # connection
+    mtls = secure.material.client_settings("refinery-exporter", secure.mtls_bootstrap, mtls=True)
+    assert _produce(mtls.librdkafka(), "telemetry.raw", 2) == [None, None]
+    bare = {k: v for k, v in mtls.librdkafka().items() if not k.startswith("ssl.c")}
+    bare = {k: v for k, v in bare.items() if not k.startswith("ssl.key")}
+    with pytest.raises(KafkaException):
+        AdminClient({**bare, "log_level": 0}).list_topics(timeout=5)
+    denied = _produce(mtls.librdkafka(), "telemetry.refined", 1)
+    assert denied[0] is not None and denied[0].code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
+
+
+def _watermarks(conf: dict[str, Any], topic: str) -> int:
+    c = Consumer({**conf, "group.id": "refinery-count"})
+    try:
+        md = c.list_topics(topic, timeout=10)
+        total = 0
+        for p in md.topics[topic].partitions:
+            lo, hi = c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
+            total += hi - lo
+        return total
+    finally:
+        c.close()
+
+
+def test_pipeline_runs_under_its_own_principals(secure: Secure, tmp_path: Path) -> None:
+    """simulator (exporter) → worker (Faust, aiokafka SCRAM-SHA-512 over TLS) → lander, each
+    with only the ACLs of deploy/acls.yaml."""
+    admin = secure.conf("admin")
+    raw_before = _watermarks(admin, "telemetry.raw")
+    log = tmp_path / "worker.log"
+    with open(log, "wb") as out:
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "services.cli", "worker", *WORKER_ARGS, str(tmp_path / "w")],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**_clean_env(), **secure.env("refinery-worker"), "REFINERY_HOME": str(tmp_path)},
+            cwd=REPO,
+        )
+    try:
+        sim = cli(
+            *("simulate", "--nodes", "2", "--duration", "4", "--speed", "0", "--seed", "3"),
+            "--json",
+            env=secure.env("refinery-exporter"),
+        )
+        assert sim.returncode == 0, sim.stderr[-2000:]
+        raw_msgs = json.loads(sim.stdout)["messages_acked"]
+        deadline = time.monotonic() + 90
+        refined = 0
+        while time.monotonic() < deadline:
+            refined = _watermarks(admin, "telemetry.refined")
+            accounted = _watermarks(admin, "telemetry.accounting")
+            if accounted >= raw_msgs + raw_before:
+                break
+            assert worker.poll() is None, log.read_text()[-3000:]
+            time.sleep(1)
+        counts = {t: _watermarks(admin, t) for t in ("telemetry.raw", "telemetry.collectives")}
+        denied = [
+            line
+            for p in secure.data_dir.glob("node-*/logs/server.log")
+            for line in p.read_text().splitlines()
+            if "Denied" in line
+        ]
+        assert accounted >= raw_msgs + raw_before, (accounted, refined, counts, denied[:5])
+        assert refined > 0
+        lake = tmp_path / "lake"
+        land = cli(
+            *("land", "--topics", "telemetry.refined", "--once-idle", "3", "--no-compact"),
+            env={**secure.env("refinery-lake"), "REFINERY_LAKE": str(lake)},
+        )
+        assert land.returncode == 0, land.stderr[-2000:]
+        stats = json.loads(land.stderr.strip().splitlines()[-1])
+        assert stats["records"] == refined and stats["rows"] > 0
+        assert list(lake.rglob("*.parquet"))
+        secure.outputs += [sim.stdout, sim.stderr, land.stdout, land.stderr]
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(60)
+    secure.outputs.append(log.read_text(errors="replace"))
+    assert "authorization" not in log.read_text().lower()
+
+
+def test_no_password_in_any_output_or_log(secure: Secure) -> None:
+    """Runs last in the module: everything printed so far plus every broker log."""
+    logs = [p.read_text(errors="replace") for p in secure.data_dir.rglob("*.log")]
+    logs += [p.read_text(errors="replace") for p in secure.data_dir.glob("node-*/logs/*")]
+    haystack = "\n".join(secure.outputs + logs)
+    assert len(haystack) > 10_000  # the logs really were read
+    for pw in secure.passwords():
+        assert pw not in haystack
