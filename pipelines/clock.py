@@ -23,7 +23,8 @@ Zhang-Liu-Xia 2002; see DATA-NOTES §5.4):
 
 Error bound: ``delay_uncertainty + 1.5 x envelope thickness`` (the ``1/8`` quantile of the
 points' distances below the line: how well the minimum delay is pinned down), plus
-``max_drift x span`` before the fit has ``min_fit_points``.
+``max_drift x span + initial_error`` before the fit has ``min_fit_points`` (at start and
+after a step, a few points say nothing about their delays).
 
 Steps: a point more than ``step_threshold`` *above* the line cannot be explained by delay,
 so the offset jumped up: restart the window at that point. ``step_confirm`` consecutive
@@ -68,6 +69,9 @@ class ClockSettings:
     max_drift_ppm: float = 500.0
     step_threshold_ns: int = 10_000_000
     step_confirm: int = 3
+    # Until min_fit_points points exist (at start and after a step) nothing bounds the delay
+    # of the few points seen: the stated error includes this margin.
+    initial_error_ns: int = 1_000_000_000
     alert_threshold_ns: int = 1_000_000_000
 
 
@@ -186,6 +190,7 @@ class ClockEstimator:
         error = s.delay_uncertainty_ns + 1.5 * thickness
         if len(pts) < s.min_fit_points:
             error += s.max_drift_ppm * 1e-6 * (pts[-1][0] - pts[0][0]) + gaps[-1]
+            error += s.initial_error_ns
         offset = round(a + b * (x - xa)) + s.assumed_min_delay_ns
         disagreement = None
         if clock is not None and clock.offset_ns is not None:

@@ -28,6 +28,18 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--web-port", type=int, default=6066, help="/health and /metrics (0: off)")
     p.add_argument("--data-dir", help="worker state directory (default $REFINERY_HOME/worker)")
+    p.add_argument(
+        "--clock-min-delay-ms",
+        type=float,
+        default=1.1,
+        help="assumed minimum producer→broker delay (default 1.1 ms, a datacenter)",
+    )
+    p.add_argument(
+        "--clock-delay-uncertainty-ms",
+        type=float,
+        default=0.9,
+        help="± range of that assumption; part of every error bound (default 0.9)",
+    )
     p.add_argument("--loglevel", default="warning")
     p.set_defaults(handler=run)
 
@@ -43,6 +55,8 @@ def _partitions(conf: dict[str, Any], topic: str, default: int) -> int:
 
 
 def run(args: argparse.Namespace, settings: RefinerySettings) -> int:
+    from pipelines.clock import ClockSettings
+    from pipelines.refine import RefineSettings
     from services.telemetry import ServiceTelemetry
     from services.worker.app import InputTopics, WorkerConfig, build_app, run_worker
     from services.worker.refiner import OutputTopics
@@ -88,6 +102,13 @@ def run(args: argparse.Namespace, settings: RefinerySettings) -> int:
         record_partitions=_partitions(conf, inputs.events, 4),
         data_dir=Path(args.data_dir) if args.data_dir else settings.home / "worker",
         web_port=args.web_port or None,
+        refine=RefineSettings(
+            seq_window=512,
+            clock=ClockSettings(
+                assumed_min_delay_ns=int(args.clock_min_delay_ms * 1e6),
+                delay_uncertainty_ns=int(args.clock_delay_uncertainty_ms * 1e6),
+            ),
+        ),
     )
     telemetry = ServiceTelemetry("worker", otlp_endpoint=settings.otlp_endpoint)
     app = build_app(kafka, cfg, telemetry)

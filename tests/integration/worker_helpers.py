@@ -42,7 +42,12 @@ class WorkerProc:
 
 
 def start_worker(
-    bootstrap: str, prefix: str, tmp: Path, app_id: str | None = None, name: str = "w"
+    bootstrap: str,
+    prefix: str,
+    tmp: Path,
+    app_id: str | None = None,
+    name: str = "w",
+    extra: list[str] | None = None,
 ) -> WorkerProc:
     log = tmp / f"{name}-{uuid.uuid4().hex[:6]}.log"
     env = {
@@ -63,6 +68,7 @@ def start_worker(
         "0",
         "--data-dir",
         str(tmp / f"{name}-data"),
+        *(extra or []),
         "--loglevel",
         "info",
     ]

@@ -1,0 +1,114 @@
+"""Simulator with every fault → real broker → refining worker(s) → topics, compared with the
+simulator's truth: every acknowledged distinct sample refined exactly once, every injected
+duplicate counted, every malformed record dead-lettered with its reason, aligned timestamps
+within their stated bounds, every GPU/NIC sample enriched — also under kill -9 of the worker
+(ten times in one run) and with two workers of one group, one stopped mid-run."""
+
+from __future__ import annotations
+
+import random
+import signal
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tests.integration.pipeline_harness import (
+    WORKER_CLOCK_ARGS,
+    Run,
+    collect,
+    compare,
+    drain,
+    simulate,
+)
+from tests.integration.worker_helpers import fresh_topics, start_worker
+
+pytestmark = [pytest.mark.kafka, pytest.mark.slow]
+
+
+def check(result: dict[str, object], run: Run) -> None:
+    print(f"\n{run.prefix}: {result} {run.notes}")
+    assert result["truth_good"] and result["refined_rows"] == result["truth_good"]
+    assert result["lost"] == 0
+    assert result["duplicated"] == 0
+    assert result["unexpected"] == 0
+    assert result["dup_accounted"] == result["dup_sends"]
+    assert result["malformed_mismatch"] == 0
+    assert result["bad_rows_mismatch"] == 0
+    assert result["fabric_rows_unexplained"] == 0
+    assert float(result["within_bound"]) >= 0.99  # type: ignore[arg-type]
+
+
+def test_all_faults_refined_exactly_once(kafka_bootstrap: str, tmp_path: Path) -> None:
+    run = Run(fresh_topics(kafka_bootstrap), tmp_path)
+    w = start_worker(kafka_bootstrap, run.prefix, tmp_path, extra=WORKER_CLOCK_ARGS)
+    try:
+        time.sleep(6)
+        simulate(kafka_bootstrap, run, nodes=4, seconds=40, faults="all", seed=11)
+        drain(kafka_bootstrap, run, run.prefix + "worker")
+    finally:
+        assert w.stop() == 0, w.tail()
+    check(compare(collect(kafka_bootstrap, run)), run)
+
+
+def test_kill_9_worker_ten_times(kafka_bootstrap: str, tmp_path: Path) -> None:
+    run = Run(fresh_topics(kafka_bootstrap), tmp_path)
+    rng = random.Random(5)
+    group = run.prefix + "worker"
+    box = {
+        "w": start_worker(
+            kafka_bootstrap, run.prefix, tmp_path, app_id=group, extra=WORKER_CLOCK_ARGS
+        )
+    }
+    kills: list[float] = []
+
+    def killer(done: threading.Event) -> None:
+        while len(kills) < 10:
+            time.sleep(rng.uniform(2.0, 6.0))
+            box["w"].stop(signal.SIGKILL)
+            kills.append(time.monotonic())
+            box["w"] = start_worker(
+                kafka_bootstrap,
+                run.prefix,
+                tmp_path,
+                app_id=group,
+                name=f"w{len(kills)}",
+                extra=WORKER_CLOCK_ARGS,
+            )
+
+    try:
+        time.sleep(6)
+        simulate(kafka_bootstrap, run, nodes=3, seconds=45, faults="all", seed=12, during=killer)
+        drain(kafka_bootstrap, run, group)
+    finally:
+        box["w"].stop()
+    run.notes["kills"] = len(kills)
+    assert len(kills) == 10
+    check(compare(collect(kafka_bootstrap, run)), run)
+
+
+def test_two_workers_one_stopped_mid_run(kafka_bootstrap: str, tmp_path: Path) -> None:
+    run = Run(fresh_topics(kafka_bootstrap), tmp_path)
+    group = f"{run.prefix}worker-{uuid.uuid4().hex[:4]}"
+    a = start_worker(
+        kafka_bootstrap, run.prefix, tmp_path, app_id=group, name="a", extra=WORKER_CLOCK_ARGS
+    )
+    b = start_worker(
+        kafka_bootstrap, run.prefix, tmp_path, app_id=group, name="b", extra=WORKER_CLOCK_ARGS
+    )
+
+    def stop_b(done: threading.Event) -> None:
+        time.sleep(15)
+        run.notes["b_exit"] = b.stop()  # SIGTERM: its partitions move to a
+
+    try:
+        time.sleep(8)
+        simulate(kafka_bootstrap, run, nodes=4, seconds=35, faults="all", seed=13, during=stop_b)
+        drain(kafka_bootstrap, run, group)
+    finally:
+        a.stop()
+        b.stop()
+    assert run.notes["b_exit"] == 0
+    check(compare(collect(kafka_bootstrap, run)), run)
