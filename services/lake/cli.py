@@ -1,8 +1,8 @@
 """``refinery land``, ``refinery lake compact``, ``refinery sql`` and ``refinery query``.
 
 :func:`add_parser` registers the commands on the main CLI's sub-parsers (handlers take
-``(args, settings)`` and return the exit code). ``python -m services.lake.cli`` runs them on
-their own. Errors in user SQL print DuckDB's message on one line to stderr and exit 1.
+``(args, settings)`` and return the exit code). Errors in user SQL print DuckDB's message
+on one line to stderr and exit 1.
 """
 
 from __future__ import annotations
@@ -17,14 +17,13 @@ from typing import Any
 
 import duckdb
 
-from schemas.errors import RefineryError
 from services.lake import sqlload
 from services.lake.compact import CompactionReport, Compactor
 from services.lake.datasets import DATASETS
 from services.lake.land import LandingService
 from services.lake.layout import parse_hour
 from services.lake.writer import LakeWriter
-from services.settings import RefinerySettings, load_settings
+from services.settings import RefinerySettings
 
 # --- land and compact --------------------------------------------------------------------
 
@@ -233,22 +232,3 @@ def add_parser(sub: Any) -> None:
     _formats(q)
     q.set_defaults(handler=cmd_query)
 
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """These commands on their own (``python -m services.lake.cli ...``)."""
-    parser = argparse.ArgumentParser(prog="refinery")
-    add_parser(parser.add_subparsers(dest="cmd", required=True))
-    args = parser.parse_args(argv)
-    try:
-        code: int = args.handler(args, load_settings())
-        return code
-    except ValueError as e:
-        print(f"refinery: error: {e}", file=sys.stderr)
-        return 2
-    except RefineryError as e:
-        print(f"refinery: {e}", file=sys.stderr)
-        return 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

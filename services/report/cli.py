@@ -15,7 +15,6 @@ import contextlib
 import os
 import sys
 import time
-from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -27,7 +26,7 @@ from services.lake import sqlload
 from services.lake.writer import LakeWriter
 from services.report import data
 from services.report.render import render_report
-from services.settings import RefinerySettings, load_settings
+from services.settings import RefinerySettings
 
 
 class EmptyLakeError(RefineryError):
@@ -107,22 +106,3 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--out", required=True, help="HTML file to write")
     p.set_defaults(handler=cmd_report)
 
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``refinery report`` on its own (``python -m services.report.cli report ...``)."""
-    parser = argparse.ArgumentParser(prog="refinery")
-    add_parser(parser.add_subparsers(dest="cmd", required=True))
-    args = parser.parse_args(argv)
-    try:
-        code: int = args.handler(args, load_settings())
-        return code
-    except ValueError as e:
-        print(f"refinery: error: {e}", file=sys.stderr)
-        return 2
-    except RefineryError as e:
-        print(f"refinery: {e}", file=sys.stderr)
-        return 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

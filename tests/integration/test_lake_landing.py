@@ -81,7 +81,7 @@ def _land(lake: Path, bootstrap: str, topic: str, group: str, crash_at: str | No
     args = [
         sys.executable,
         "-m",
-        "services.lake.cli",
+        "services.cli",
         "land",
         "--topics",
         f"{topic}=samples",

@@ -111,7 +111,7 @@ def test_corrected_topology_relabels_history_without_reingesting(
 def _cli(lake: Path, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "REFINERY_LAKE": str(lake)}
     return subprocess.run(
-        [sys.executable, "-m", "services.lake.cli", *args],
+        [sys.executable, "-m", "services.cli", *args],
         cwd=REPO,
         env=env,
         capture_output=True,
