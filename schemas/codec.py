@@ -31,9 +31,11 @@ import math
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pydantic import ValidationError
 
 from schemas.errors import RejectedInput
+from schemas.ipc_limits import check_ipc_stream
 from schemas.reasons import Reason
 from schemas.wire import (
     PAYLOAD_SCHEMAS,
@@ -50,6 +52,7 @@ ENVELOPE_KEY = b"refinery.envelope"
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 MAX_DECODED_BYTES = 64 * 1024 * 1024
 MAX_ROWS = 200_000
+MAX_STRING_BYTES = 16 * 1024  # any one string value (device, text, message, attrs, ...)
 
 
 def encode(envelope: Envelope, table: pa.Table, content_type: str = ARROW) -> tuple[str, bytes]:
@@ -141,6 +144,13 @@ def _conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
                 ) from e
             if not field.nullable and col.null_count:
                 raise RejectedInput(Reason.SCHEMA_MISMATCH, f"column {field.name} has nulls")
+            if pa.types.is_string(field.type) and len(col):
+                longest = pc.max(pc.binary_length(col)).as_py() or 0
+                if longest > MAX_STRING_BYTES:
+                    raise RejectedInput(
+                        Reason.OVERSIZED,
+                        f"column {field.name}: a {longest}-byte string > {MAX_STRING_BYTES}",
+                    )
         elif field.nullable:
             col = pa.nulls(table.num_rows, field.type)
         else:
@@ -188,8 +198,11 @@ def _decode_json(body: bytes) -> Batch:
 
 
 def _decode_arrow(body: bytes) -> Batch:
+    buf = pa.py_buffer(body)
+    # row counts and decompressed sizes are bounded before anything is decompressed
+    check_ipc_stream(buf, max_rows=MAX_ROWS, max_decoded_bytes=MAX_DECODED_BYTES)
     try:
-        reader = pa.ipc.open_stream(pa.py_buffer(body))
+        reader = pa.ipc.open_stream(buf)
     except (pa.ArrowInvalid, OSError) as e:
         raise RejectedInput(Reason.UNDECODABLE, f"not an Arrow IPC stream: {e}"[:300]) from e
     meta = reader.schema.metadata or {}
@@ -207,6 +220,7 @@ def _decode_arrow(body: bytes) -> Batch:
         total += rb.nbytes
         if total > MAX_DECODED_BYTES:
             raise RejectedInput(Reason.OVERSIZED, f"decoded size over {MAX_DECODED_BYTES} bytes")
+        rb.validate(full=True)  # offsets and lengths in range before any kernel reads them
         batches.append(rb)
     table = pa.Table.from_batches(batches, schema=reader.schema)
     return Batch(envelope=envelope, table=_conform(table, PAYLOAD_SCHEMAS[envelope.kind]))

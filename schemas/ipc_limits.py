@@ -1,0 +1,142 @@
+"""Bounds on an Arrow IPC stream, checked before any body is decompressed or any batch built.
+
+Arrow IPC body compression (lz4 frame or zstd, per buffer) lets a 16 MiB message expand to
+gigabytes: pyarrow allocates each buffer's declared uncompressed size while it reads a
+record batch, so a limit checked on the decoded batches comes too late. :func:`check_ipc_stream`
+walks the stream's messages with :class:`pyarrow.ipc.MessageReader` (no decompression), reads
+each record or dictionary batch's flatbuffer metadata (row count, buffer table, compression)
+and the 8-byte uncompressed-length prefix of every compressed buffer, and rejects the stream
+when the sum of what it would allocate exceeds the bound. Arrow itself refuses a buffer whose
+decompressed size differs from its prefix, so the prefixes are a true bound.
+
+Every offset in the metadata is checked against the metadata and body sizes; anything
+malformed raises :class:`~schemas.errors.RejectedInput` (``undecodable``), anything too large
+``oversized``. Memory used by the check itself: the metadata of one message at a time.
+"""
+
+from __future__ import annotations
+
+import struct
+
+import pyarrow as pa
+
+from schemas.errors import RejectedInput
+from schemas.reasons import Reason
+
+MAX_MESSAGES = 1024  # IPC messages (schema, dictionaries, record batches) in one Kafka record
+MAX_BUFFERS = 4096  # buffers in one record batch (our schemas use well under 100)
+
+_HEADER_DICTIONARY_BATCH = 2
+_HEADER_RECORD_BATCH = 3
+
+
+def _bad(detail: str) -> RejectedInput:
+    return RejectedInput(Reason.UNDECODABLE, f"malformed Arrow IPC metadata: {detail}")
+
+
+def _read(fmt: str, data: bytes, pos: int) -> int:
+    size = struct.calcsize(fmt)
+    if pos < 0 or pos + size > len(data):
+        raise _bad(f"offset {pos} outside {len(data)} bytes")
+    value: int = struct.unpack_from(fmt, data, pos)[0]
+    return value
+
+
+class _Table:
+    """A flatbuffer table at ``pos`` in ``data``, every access bounds-checked."""
+
+    def __init__(self, data: bytes, pos: int) -> None:
+        self.data, self.pos = data, pos
+        self.vtable = pos - _read("<i", data, pos)
+        self.vtable_size = _read("<H", data, self.vtable)
+
+    def field(self, index: int) -> int | None:
+        slot = 4 + 2 * index
+        if slot + 2 > self.vtable_size:
+            return None
+        off = _read("<H", self.data, self.vtable + slot)
+        return None if off == 0 else self.pos + off
+
+    def scalar(self, index: int, fmt: str, default: int) -> int:
+        pos = self.field(index)
+        return default if pos is None else _read(fmt, self.data, pos)
+
+    def table(self, index: int) -> _Table | None:
+        pos = self.field(index)
+        return None if pos is None else _Table(self.data, pos + _read("<I", self.data, pos))
+
+    def vector(self, index: int, element_size: int) -> tuple[int, int]:
+        """(position of the first element, count) of a vector of structs."""
+        pos = self.field(index)
+        if pos is None:
+            return 0, 0
+        start = pos + _read("<I", self.data, pos)
+        count = _read("<I", self.data, start)
+        if start + 4 + count * element_size > len(self.data):
+            raise _bad("vector runs past the metadata")
+        return start + 4, count
+
+
+def _batch_of(metadata: bytes) -> _Table | None:
+    """The RecordBatch table of a record or dictionary batch message (None for others)."""
+    message = _Table(metadata, _read("<I", metadata, 0))
+    kind = message.scalar(1, "<B", 0)
+    header = message.table(2)
+    if header is None or kind not in (_HEADER_RECORD_BATCH, _HEADER_DICTIONARY_BATCH):
+        return None
+    return header if kind == _HEADER_RECORD_BATCH else header.table(1)
+
+
+def _allocation(batch: _Table, body: pa.Buffer | None) -> int:
+    """Bytes reading ``batch`` would allocate for its buffers (decompressed)."""
+    compressed = batch.field(3) is not None
+    start, count = batch.vector(2, 16)
+    if count > MAX_BUFFERS:
+        raise RejectedInput(Reason.OVERSIZED, f"{count} buffers in one record batch")
+    body_size = body.size if body is not None else 0
+    total = 0
+    for i in range(count):
+        offset, length = struct.unpack_from("<qq", batch.data, start + 16 * i)
+        if offset < 0 or length < 0 or offset + length > body_size:
+            raise _bad(f"buffer {i} outside the {body_size}-byte body")
+        if compressed and length >= 8:
+            assert body is not None
+            declared = struct.unpack("<q", body.slice(offset, 8).to_pybytes())[0]
+            size = length - 8 if declared == -1 else declared
+            if size < 0:
+                raise _bad(f"buffer {i} declares {declared} bytes")
+            total += size
+        else:
+            total += length
+    return total
+
+
+def check_ipc_stream(buf: pa.Buffer, *, max_rows: int, max_decoded_bytes: int) -> None:
+    """Raise RejectedInput unless the IPC stream in ``buf`` stays within ``max_rows`` rows per
+    record batch, ``max_decoded_bytes`` decompressed bytes in all, :data:`MAX_MESSAGES`
+    messages and :data:`MAX_BUFFERS` buffers per batch. Decompresses nothing."""
+    reader = pa.ipc.MessageReader.open_stream(buf)
+    messages = 0
+    total = 0
+    while True:
+        try:
+            msg = reader.read_next_message()
+        except StopIteration:
+            return
+        messages += 1
+        if messages > MAX_MESSAGES:
+            raise RejectedInput(Reason.OVERSIZED, f"more than {MAX_MESSAGES} IPC messages")
+        if msg.type not in ("record batch", "dictionary batch"):
+            continue
+        batch = _batch_of(msg.metadata.to_pybytes())
+        if batch is None:
+            raise _bad(f"{msg.type} message without a batch header")
+        rows = batch.scalar(0, "<q", 0)
+        if rows < 0 or rows > max_rows:
+            raise RejectedInput(Reason.OVERSIZED, f"record batch of {rows} rows > {max_rows}")
+        total += _allocation(batch, msg.body)
+        if total > max_decoded_bytes:
+            raise RejectedInput(
+                Reason.OVERSIZED,
+                f"decompressed size over {max_decoded_bytes} bytes (compression bomb?)",
+            )
