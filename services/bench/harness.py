@@ -1,0 +1,233 @@
+"""What the Kafka benchmarks share: the broker, fresh topics, child processes, CPU sampling.
+
+:class:`BenchKafka` is handed to every benchmark that needs Kafka; the CLI builds it (starting
+a local broker unless ``REFINERY_BOOTSTRAP_SERVERS`` is set) and stops what it started.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from services.demo.procs import Child, group_lag, spawn
+from services.settings import KafkaSettings
+from services.simulate.publish import Topics
+
+S = 1_000_000_000
+# topics whose record timestamps the benchmarks read: the broker stamps them on append
+APPEND_TIME_TOPICS = ("telemetry.refined", "telemetry.accounting", "telemetry.alerts")
+INPUTS = ("telemetry.raw", "telemetry.events", "telemetry.collectives", "topology", "jobs")
+
+Say = Callable[[str], None]
+
+
+@dataclass
+class BenchKafka:
+    """A reachable cluster plus a scratch directory for logs, lakes and worker state."""
+
+    kafka: KafkaSettings
+    workdir: Path
+    say: Say
+    children: list[Child] = field(default_factory=list)
+
+    @property
+    def conf(self) -> dict[str, Any]:
+        return self.kafka.librdkafka()
+
+    def fresh_topics(self) -> str:
+        """Apply the whole topic spec under a unique prefix; returns the prefix. The topics
+        whose timestamps are read (refined, accounting, alerts) use LogAppendTime so a record's
+        timestamp is when the broker appended it."""
+        from services.topics import apply_topics, load_topic_specs
+
+        prefix = f"bench{uuid.uuid4().hex[:8]}."
+        specs = []
+        for s in load_topic_specs(prefix=prefix):
+            if s.name.removeprefix(prefix) in APPEND_TIME_TOPICS:
+                cfg = {**s.config, "message.timestamp.type": "LogAppendTime"}
+                s = s.model_copy(update={"config": cfg})
+            specs.append(s)
+        apply_topics(self.conf, specs)
+        return prefix
+
+    def env(self, lake: Path | None = None) -> dict[str, str]:
+        env = {
+            "REFINERY_BOOTSTRAP_SERVERS": self.kafka.bootstrap_servers,
+            "REFINERY_HOME": str(self.workdir / "home"),
+        }
+        if lake is not None:
+            env["REFINERY_LAKE"] = str(lake)
+        return env
+
+    def start(self, name: str, args: list[str], lake: Path | None = None) -> Child:
+        """``refinery <args>`` as a child logging under the work directory."""
+        child = spawn(name, args, self.env(lake), self.workdir / "logs")
+        self.children.append(child)
+        return child
+
+    def start_worker(self, prefix: str, name: str = "worker") -> Child:
+        return self.start(
+            name,
+            [
+                "worker",
+                "--topic-prefix",
+                prefix,
+                "--app-id",
+                prefix + "worker",
+                "--web-port",
+                "0",
+                "--data-dir",
+                str(self.workdir / f"{name}-data"),
+            ],
+        )
+
+    def stop_all(self) -> None:
+        for c in self.children:
+            if c.alive():
+                c.stop(30)
+        self.children.clear()
+
+    def joined(self, group: str) -> bool:
+        from confluent_kafka.admin import AdminClient
+
+        admin = AdminClient({**self.conf, "log_level": 3})
+        try:
+            res = admin.describe_consumer_groups([group], request_timeout=5)[group].result()
+        except Exception:  # not there yet, or the coordinator is loading
+            return False
+        return str(res.state).endswith("STABLE") and bool(res.members)
+
+    def lag(self, group: str, topics: list[str]) -> int:
+        return group_lag(self.conf, group, topics)
+
+    def wait(
+        self, what: str, done: Callable[[], bool], timeout: float, children: list[Child]
+    ) -> None:
+        """Poll ``done`` each second; raise RuntimeError when a child died or on timeout."""
+        deadline = time.monotonic() + timeout
+        while not done():
+            for c in children:
+                if not c.alive():
+                    raise RuntimeError(f"{c.name} exited while {what}:\n{c.tail()}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"timed out after {timeout:.0f}s while {what}")
+            time.sleep(1.0)
+
+
+def sim_topics(prefix: str) -> Topics:
+    return Topics(*(prefix + t for t in INPUTS))
+
+
+def records(
+    conf: dict[str, Any], topic: str, stop: Callable[[int], bool], timeout: float
+) -> Iterator[Any]:
+    """Every record of ``topic`` from the beginning (errors skipped) until ``stop(count)`` or
+    ``timeout`` seconds. Yields confluent-kafka ``Message`` objects."""
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+    c = Consumer(
+        {
+            **conf,
+            "group.id": f"bench-{uuid.uuid4().hex[:8]}",
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+        }
+    )
+    try:
+        md = c.list_topics(topic, timeout=10)
+        parts = md.topics[topic].partitions
+        c.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in parts])
+        n = 0
+        deadline = time.monotonic() + timeout
+        while not stop(n) and time.monotonic() < deadline:
+            for m in c.consume(1000, 0.5):
+                if m.error() is None:
+                    n += 1
+                    yield m
+    finally:
+        c.close()
+
+
+def end_count(conf: dict[str, Any], topic: str) -> int:
+    """Records in ``topic`` (sum of high watermarks; topics here are never truncated)."""
+    from services.demo.procs import end_offsets
+
+    return sum(end_offsets(conf, [topic]).values())
+
+
+class CpuSampler:
+    """Samples a process's CPU seconds (user + system) a few times a second in a thread, so
+    the CPU spent between two wall-clock instants can be read off afterwards."""
+
+    def __init__(self, pid: int, every_s: float = 0.2) -> None:
+        self.pid, self.every_s = pid, every_s
+        self.samples: list[tuple[float, float]] = []  # (time.time(), cpu seconds)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="cpu-sampler", daemon=True)
+
+    def __enter__(self) -> CpuSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            cpu = process_cpu_s(self.pid)
+            if cpu is None:
+                return
+            self.samples.append((time.time(), cpu))
+            self._stop.wait(self.every_s)
+
+    def cpu_between(self, t0: float, t1: float) -> float:
+        """CPU seconds used between wall instants ``t0`` and ``t1`` (linear interpolation)."""
+        return self._at(t1) - self._at(t0)
+
+    def _at(self, t: float) -> float:
+        s = self.samples
+        if not s:
+            return float("nan")
+        if t <= s[0][0]:
+            return s[0][1]
+        for (ta, ca), (tb, cb) in zip(s, s[1:], strict=False):
+            if ta <= t <= tb:
+                return ca + (cb - ca) * ((t - ta) / (tb - ta) if tb > ta else 0.0)
+        return s[-1][1]
+
+
+def process_cpu_s(pid: int) -> float | None:
+    """User + system CPU seconds of ``pid`` (psutil when installed, else /proc); None when
+    the process is gone."""
+    try:
+        import psutil  # type: ignore[import-untyped, unused-ignore]
+
+        try:
+            t = psutil.Process(pid).cpu_times()
+            return float(t.user + t.system)
+        except psutil.Error:
+            return None
+    except ImportError:
+        pass
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[1].split()
+    # fields after the command: state is [0], utime [11], stime [12] (proc(5) 14 and 15)
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The ``q`` quantile (0..1) by nearest rank; NaN for no values."""
+    if not values:
+        return float("nan")
+    xs = sorted(values)
+    return xs[min(len(xs) - 1, max(0, round(q * (len(xs) - 1))))]

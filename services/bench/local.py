@@ -1,0 +1,240 @@
+"""Benchmarks that need no Kafka: refiner memory, clock alignment, the lake, the node
+exporter, and (when its module exists) SASL_SSL against plaintext."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import random
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from services.bench.figures import BenchResult
+from services.bench.harness import percentile
+from services.bench.machine import REPO
+
+GIB = 2**30
+S = 1_000_000_000
+MS = 1_000_000
+T0 = 1_700_000_000 * S
+SYSFS_PROCFS = REPO / "tests" / "fixtures" / "real-data" / "sysfs-procfs"
+
+
+def bench_refine_memory(sources: int, series_per_source: int = 1000) -> BenchResult:
+    """Peak RSS of a subprocess holding ``sources × series_per_source`` live counter series."""
+    r = BenchResult("refine_memory")
+    out = subprocess.run(
+        [sys.executable, "-m", "services.bench.memory_child", str(sources), str(series_per_source)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=900,
+        check=True,
+    )
+    d: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    series = int(d["series"])
+    per_series = (d["rss_bytes"] - d["baseline_rss_bytes"]) / series
+    r.add(
+        "refine_peak_rss_gib",
+        d["peak_rss_bytes"] / GIB,
+        "GiB",
+        "<=",
+        1.5,
+        note=f"{series:,} live series",
+    )
+    r.add(
+        "refine_bytes_per_series",
+        per_series,
+        "B/series",
+        note="RSS growth over the baseline / series",
+    )
+    r.add(
+        "refine_rss_gib_projected_1m_series",
+        (d["baseline_rss_bytes"] + per_series * 1e6) / GIB,
+        "GiB",
+        "<=",
+        1.5,
+        note="baseline + 1,000,000 x bytes/series",
+    )
+    r.details.update(d)
+    return r
+
+
+class _Source:
+    """A source clock: offset + drift, one batch per second, delay = base + Exp(mu)
+    (the model of tests/unit/test_clock.py)."""
+
+    def __init__(self, rng: random.Random, off0: float, ppm: float, base: float, mu: float):
+        self.rng, self.off0, self.drift, self.base, self.mu = rng, off0, ppm * 1e-6, base, mu
+        self.i = 0
+
+    def offset(self, t_true: float) -> float:
+        return self.off0 + self.drift * (t_true - T0)
+
+    def next_pair(self) -> tuple[int, int, int]:
+        t = T0 + self.i * S + self.rng.randint(0, 100 * MS)
+        self.i += 1
+        return round(t + self.offset(t)), round(t + self.base + self.rng.expovariate(1 / self.mu)), t
+
+
+def bench_clock(sources: int, batches: int = 240, seed: int = 0) -> BenchResult:
+    """p99 |aligned − true| after convergence over sources with offsets up to ±1 h, drift
+    ±200 ppm, base delay 0.2-2 ms and exponential jitter (mean 1-5 ms); and batches until a
+    source more than 1 s off is flagged."""
+    import pyarrow as pa
+
+    from pipelines.clock import ClockEstimator, align
+
+    rng = random.Random(seed)
+    errs: list[float] = []
+    flagged: list[int] = []
+    for _ in range(sources):
+        src = _Source(
+            rng,
+            rng.uniform(-3600 * S, 3600 * S),
+            rng.uniform(-200, 200),
+            rng.uniform(0.2 * MS, 2 * MS),
+            rng.uniform(1 * MS, 5 * MS),
+        )
+        est = ClockEstimator()
+        for _ in range(batches):
+            sent, arrival, t = src.next_pair()
+            e = est.observe(sent, arrival)
+            if e.converged:
+                true_ts = [t - src.rng.randint(0, S) for _ in range(20)]
+                ts_src = pa.array([round(x + src.offset(x)) for x in true_ts], pa.int64())
+                aligned, _, _ = align(ts_src, e)
+                errs += [abs(a - x) for a, x in zip(aligned.to_pylist(), true_ts, strict=True)]
+        # a source off by 1.01 s to 1 h (either sign): batches until flagged
+        off = rng.uniform(1.01 * S, 3600 * S) * rng.choice((-1, 1))
+        bad, est = _Source(rng, off, rng.uniform(-200, 200), 0.5 * MS, 2 * MS), ClockEstimator()
+        for n in range(1, 61):
+            sent, arrival, _ = bad.next_pair()
+            if est.observe(sent, arrival).alert():
+                flagged.append(n)
+                break
+        else:
+            flagged.append(10_000)
+    r = BenchResult("clock")
+    r.add("clock_p99_abs_error_ms", percentile(errs, 0.99) / MS, "ms", "<=", 1.0)
+    r.add("clock_p50_abs_error_ms", percentile(errs, 0.5) / MS, "ms")
+    r.add(
+        "clock_flag_batches_max",
+        max(flagged),
+        "batches",
+        "<=",
+        10,
+        note="1 batch/s: batches = seconds",
+    )
+    r.add("clock_flag_batches_p50", percentile([float(x) for x in flagged], 0.5), "batches")
+    r.details.update({"sources": sources, "batches": batches, "aligned_samples": len(errs)})
+    return r
+
+
+def bench_lake(rows: int) -> BenchResult:
+    """services.lake.bench at about ``rows`` rows."""
+    from services.lake import bench as lake
+
+    r = BenchResult("lake")
+    land = lake.bench_landing(rows)
+    size = lake.bench_bytes_per_sample(rows)
+    q = lake.bench_queries(rows)
+    r.add("landing_to_write_table_ratio", land["ratio"], "x", ">=", 0.8)
+    r.add("bytes_per_sample_compacted", size["bytes_per_sample"], "B/sample", "<=", 6)
+    r.add("queries_compacted_to_single_file_ratio", q["ratio_vs_single_total"], "x", "<=", 1.3)
+    r.add("small_file_penalty", q["small_file_penalty_total"], "x", note="small files/compacted")
+    per = q["queries"]
+    r.add("query_worst_ratio_vs_single", max(v["ratio_vs_single"] for v in per.values()), "x")
+    r.add(
+        "query_slowest_compacted_s",
+        max(v["compacted_s"] for v in per.values()),
+        "s",
+        "<=",
+        2.0,
+        note=f"{len(per)} named queries",
+    )
+    for name, v in sorted(per.items()):
+        r.add(f"query_{name}_ratio_vs_single", v["ratio_vs_single"], "x", "<=", 1.3)
+    r.details.update(
+        {"rows_requested": rows, "landing": land, "bytes_per_sample": size, "queries": q}
+    )
+    return r
+
+
+def _h100_trees(root: Path) -> tuple[Path, Path]:
+    spec = importlib.util.spec_from_file_location(
+        "ttar_extract", REPO / "tests" / "fixtures" / "ttar_extract.py"
+    )
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    mod.extract(str(SYSFS_PROCFS / "procfs-fixtures.ttar"), str(root / "procfs"))
+    with tarfile.open(SYSFS_PROCFS / "gpud-sys-class-infiniband-h100.tar.gz") as tf:
+        tf.extractall(root / "h100-raw", filter="data")
+    (root / "h100" / "sys" / "class").mkdir(parents=True)
+    shutil.move(
+        root / "h100-raw" / "sys-class-infiniband-h100",
+        root / "h100" / "sys" / "class" / "infiniband",
+    )
+    return root / "procfs" / "fixtures" / "proc", root / "h100" / "sys"
+
+
+def bench_exporter(scrapes: int) -> BenchResult:
+    """Node exporter CPU per scrape on the H100 IB tree (8 HCAs + RoCE bond) + procfs."""
+    from services.exporters.node import bench_scrape
+
+    r = BenchResult("exporter")
+    with tempfile.TemporaryDirectory() as tmp:
+        proc, sys_ = _h100_trees(Path(tmp))
+        d = bench_scrape(proc, sys_, scrapes)
+    r.add("exporter_cpu_ms_per_scrape", d["cpu_s_per_scrape"] * 1e3, "ms")
+    r.add("exporter_core_share_at_1s_pct", d["core_share_at_1s"] * 100, "%", "<=", 0.5)
+    r.add("exporter_rows_per_scrape", d["rows_per_scrape"], "rows")
+    r.details.update(d)
+    return r
+
+
+SASL_ENTRY_POINTS = ("bench_sasl", "bench_sasl_vs_plaintext", "bench_security", "run_all")
+
+
+def bench_sasl(quick: bool) -> BenchResult:
+    """Calls services/security/bench.py when it exists; skipped (and says so) otherwise.
+    Every numeric value it returns becomes a figure, ratios included."""
+    r = BenchResult("sasl")
+    if importlib.util.find_spec("services.security.bench") is None:
+        r.skipped = "services/security/bench.py is absent"
+        return r
+    mod = importlib.import_module("services.security.bench")
+    fn = next((getattr(mod, n) for n in SASL_ENTRY_POINTS if hasattr(mod, n)), None)
+    if fn is None:
+        r.skipped = f"services/security/bench.py has none of {', '.join(SASL_ENTRY_POINTS)}"
+        return r
+    try:
+        d = fn(quick=quick)
+    except TypeError:
+        d = fn()
+    if not isinstance(d, dict):
+        r.skipped = f"{fn.__name__} returned {type(d).__name__}, not a dict of figures"
+        return r
+    for k, v in _flatten(d).items():
+        if isinstance(v, int | float) and not isinstance(v, bool):
+            r.add(k, v, "x" if "ratio" in k else "")
+    r.details["raw"] = d
+    return r
+
+
+def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(_flatten(v, key + "_"))
+        else:
+            out[key] = v
+    return out

@@ -1,0 +1,214 @@
+"""worker_throughput: the simulator's publish rate, the raw consumer ceiling, one
+``refinery worker`` process on the same preloaded topic, and the in-process refine step.
+
+Ratio it exists to measure: worker / ceiling (how much of what one Python consumer process can
+read and decode the worker keeps), plus the absolute 1 M samples/s goal.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass
+
+from schemas.catalog import default_catalog
+from schemas.codec import content_type_of, decode
+from services.bench.figures import BenchResult
+from services.bench.harness import (
+    S,
+    BenchKafka,
+    CpuSampler,
+    end_count,
+    records,
+    sim_topics,
+)
+from services.simulate.cluster import Cluster
+from services.simulate.engine import Simulation, Stream
+from services.simulate.publish import publish
+from services.worker.refiner import OutputTopics, RawRecord, Refiner
+
+KEEP_RECORDS = 400  # raw records kept in memory for the in-process refine comparison
+
+
+@dataclass
+class Ceiling:
+    records: int
+    samples: int
+    seconds: float
+    cpu_s: float
+    kept: list[RawRecord]
+
+
+def _samples_per_tick(nodes: int) -> int:
+    sim = Simulation(Cluster.build(nodes), None, start_ns=1_700_000_000 * S, duration_ns=S)
+    first = next(iter(sim.ticks()))
+    return sum(m.samples for m in first.messages if m.stream is Stream.RAW)
+
+
+def read_ceiling(k: BenchKafka, topic: str, expect: int, timeout: float) -> Ceiling:
+    """One plain consumer in this process reads and decodes every record of ``topic``."""
+    n = samples = 0
+    kept: list[RawRecord] = []
+    t_first = t_last = 0.0
+    cpu0 = time.process_time()
+    for m in records(k.conf, topic, lambda c: c >= expect, timeout):
+        if n == 0:
+            t_first = time.perf_counter()
+        headers = list(m.headers() or [])
+        batch = decode(m.value(), content_type_of(headers))
+        n += 1
+        samples += batch.table.num_rows
+        t_last = time.perf_counter()
+        if len(kept) < KEEP_RECORDS:
+            kept.append(
+                RawRecord(
+                    m.topic(),
+                    m.partition(),
+                    m.offset(),
+                    m.key(),
+                    m.value(),
+                    [(h, bytes(v or b"")) for h, v in headers],
+                    m.timestamp()[1],
+                )
+            )
+    return Ceiling(n, samples, t_last - t_first, time.process_time() - cpu0, kept)
+
+
+def _in_process(kept: list[RawRecord], sim: Simulation, r: BenchResult) -> float:
+    """Decode alone, Refiner.process (decode + refine + outputs) and bench_refine, same run."""
+    from pipelines.enrich import TopologyIndex
+    from pipelines.refine import bench_refine
+
+    assert sim.start_ns is not None
+    topo = TopologyIndex(sim.cluster.topology(), sim.cluster.jobs(sim.start_ns))
+    samples = 0
+    t0 = time.perf_counter()
+    for rec in kept:
+        samples += decode(rec.value, content_type_of(rec.headers)).table.num_rows
+    t_decode = time.perf_counter() - t0
+    refiner = Refiner(default_catalog(), OutputTopics(), lambda: topo, _none, _none)
+    now = time.time_ns()
+    t0 = time.perf_counter()
+    for rec in kept:
+        refiner.process(rec, now)
+    t_refiner = time.perf_counter() - t0
+    synthetic = bench_refine(100, 2000)
+    decode_rate = samples / t_decode if t_decode else math.nan
+    refiner_rate = samples / t_refiner if t_refiner else math.nan
+    r.add("decode_only_samples_per_s", decode_rate, "samples/s", note="schemas.codec.decode")
+    r.add(
+        "refiner_process_samples_per_s",
+        refiner_rate,
+        "samples/s",
+        ">=",
+        1_000_000,
+        note="Refiner.process in-process, simulator records",
+    )
+    r.add(
+        "bench_refine_samples_per_s",
+        synthetic["samples_per_s"],
+        "samples/s",
+        note="pipelines.refine.bench_refine, synthetic 2000-row batches",
+    )
+    r.add("refiner_share_decode", t_decode / t_refiner if t_refiner else math.nan, "x")
+    r.details["in_process"] = {
+        "records": len(kept),
+        "samples": samples,
+        "decode_s": t_decode,
+        "refiner_s": t_refiner,
+        "bench_refine": synthetic,
+    }
+    return refiner_rate
+
+
+def _none(_: str) -> bytes | None:
+    return None
+
+
+def bench_worker_throughput(k: BenchKafka, samples: int, nodes: int = 200) -> BenchResult:
+    """Preload ``samples`` (rounded up to whole ticks of a ``nodes``-node cluster) into a
+    fresh raw topic as fast as possible, then measure the ceiling, the worker and the
+    in-process refine over it. Blocks; raises RuntimeError if the worker dies or stalls."""
+    r = BenchResult("worker_throughput")
+    per_tick = _samples_per_tick(nodes)
+    ticks = max(1, math.ceil(samples / per_tick))
+    prefix = k.fresh_topics()
+    topics = sim_topics(prefix)
+    sim = Simulation(Cluster.build(nodes), None, duration_ns=ticks * S)
+    k.say(f"  preloading {ticks} ticks of {nodes} nodes (~{ticks * per_tick:,} samples)")
+    rep = publish(sim, k.kafka, topics, None, speed=0, progress_cb=None)
+    if rep.unacked:
+        raise RuntimeError(f"{rep.unacked} messages were not acknowledged while preloading")
+    r.add(
+        "simulator_publish_samples_per_s",
+        rep.samples_per_s,
+        "samples/s",
+        ">=",
+        1_000_000,
+        note=f"{nodes} nodes, speed 0",
+    )
+    raw_records = end_count(k.conf, topics.raw)
+    timeout = max(120.0, ticks * per_tick / 20_000)
+
+    k.say(f"  ceiling: one confluent-kafka consumer decoding {raw_records:,} records")
+    ceil = read_ceiling(k, topics.raw, raw_records, timeout)
+    ceil_rate = ceil.samples / ceil.seconds if ceil.seconds > 0 else math.nan
+    r.add("ceiling_samples_per_s", ceil_rate, "samples/s", note="plain consumer + decode")
+    r.add("ceiling_cpu_s_per_million", ceil.cpu_s / ceil.samples * 1e6, "CPU-s/M samples")
+
+    k.say("  one `refinery worker` process from the beginning of the topic")
+    worker = k.start_worker(prefix, name=f"{prefix}tput-worker")
+    n = total = 0
+    first_ms = last_ms = 0
+    first_samples = 0
+    with CpuSampler(worker.proc.pid) as cpu:
+        for m in records(k.conf, prefix + "telemetry.accounting", lambda c: c >= raw_records, timeout):
+            doc = json.loads(m.value())
+            ts = m.timestamp()[1]
+            if n == 0:
+                first_ms, first_samples = ts, int(doc["input_samples"])
+            first_ms = min(first_ms, ts)
+            last_ms = max(last_ms, ts)
+            total += int(doc["input_samples"])
+            n += 1
+            if n % 200 == 0 and not worker.alive():
+                break
+        time.sleep(0.3)  # one more CPU sample after the last record
+    worker.stop(30)
+    if n < raw_records:
+        raise RuntimeError(
+            f"worker accounted for {n}/{raw_records} raw records within {timeout:.0f}s:\n"
+            f"{worker.tail()}"
+        )
+    span = (last_ms - first_ms) / 1000
+    # the first record's samples were refined before its timestamp: not in the span
+    w_rate = (total - first_samples) / span if span > 0 else math.nan
+    w_cpu = cpu.cpu_between(first_ms / 1000, last_ms / 1000)
+    r.add("worker_samples_per_s", w_rate, "samples/s", ">=", 1_000_000, note="one process")
+    r.add(
+        "worker_cpu_s_per_million",
+        w_cpu / max(total - first_samples, 1) * 1e6,
+        "CPU-s/M samples",
+    )
+    r.add("worker_to_ceiling_ratio", w_rate / ceil_rate, "x", ">=", 0.5)
+    r.details.update(
+        {
+            "nodes": nodes,
+            "ticks": ticks,
+            "raw_records": raw_records,
+            "raw_samples": ceil.samples,
+            "publish": rep.as_dict(),
+            "ceiling": {"seconds": ceil.seconds, "cpu_s": ceil.cpu_s},
+            "worker": {"accounted_samples": total, "span_s": span, "cpu_s": w_cpu},
+        }
+    )
+    k.say("  in-process: decode alone, Refiner.process, bench_refine")
+    refiner_rate = _in_process(ceil.kept, sim, r)
+    r.add(
+        "worker_to_refiner_ratio",
+        w_rate / refiner_rate,
+        "x",
+        note="what Faust + Kafka keep of the in-process refiner",
+    )
+    return r
