@@ -32,6 +32,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "services.security.cli",
     "services.report.cli",
     "services.demo.cli",
+    "services.bench.cli",
 )
 
 Handler = Callable[[argparse.Namespace, RefinerySettings], int]

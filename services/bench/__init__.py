@@ -1,0 +1,1 @@
+"""``refinery bench``: the benchmark suite (see :mod:`services.bench.cli`)."""

@@ -6,6 +6,7 @@ a local broker unless ``REFINERY_BOOTSTRAP_SERVERS`` is set) and stops what it s
 
 from __future__ import annotations
 
+import itertools
 import os
 import threading
 import time
@@ -197,7 +198,7 @@ class CpuSampler:
             return float("nan")
         if t <= s[0][0]:
             return s[0][1]
-        for (ta, ca), (tb, cb) in zip(s, s[1:], strict=False):
+        for (ta, ca), (tb, cb) in itertools.pairwise(s):
             if ta <= t <= tb:
                 return ca + (cb - ca) * ((t - ta) / (tb - ta) if tb > ta else 0.0)
         return s[-1][1]

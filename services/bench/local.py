@@ -27,7 +27,7 @@ SYSFS_PROCFS = REPO / "tests" / "fixtures" / "real-data" / "sysfs-procfs"
 
 
 def bench_refine_memory(sources: int, series_per_source: int = 1000) -> BenchResult:
-    """Peak RSS of a subprocess holding ``sources × series_per_source`` live counter series."""
+    """Peak RSS of a subprocess holding ``sources x series_per_source`` live counter series."""
     r = BenchResult("refine_memory")
     out = subprocess.run(
         [sys.executable, "-m", "services.bench.memory_child", str(sources), str(series_per_source)],
@@ -80,11 +80,15 @@ class _Source:
     def next_pair(self) -> tuple[int, int, int]:
         t = T0 + self.i * S + self.rng.randint(0, 100 * MS)
         self.i += 1
-        return round(t + self.offset(t)), round(t + self.base + self.rng.expovariate(1 / self.mu)), t
+        return (
+            round(t + self.offset(t)),
+            round(t + self.base + self.rng.expovariate(1 / self.mu)),
+            t,
+        )
 
 
 def bench_clock(sources: int, batches: int = 240, seed: int = 0) -> BenchResult:
-    """p99 |aligned − true| after convergence over sources with offsets up to ±1 h, drift
+    """p99 |aligned - true| after convergence over sources with offsets up to ±1 h, drift
     ±200 ppm, base delay 0.2-2 ms and exponential jitter (mean 1-5 ms); and batches until a
     source more than 1 s off is flagged."""
     import pyarrow as pa

@@ -1,6 +1,6 @@
 """refine_memory's subprocess: ``python -m services.bench.memory_child SOURCES SERIES``.
 
-Feeds ``SOURCES`` sources × ``SERIES`` counter series, two batches each (all first batches,
+Feeds ``SOURCES`` sources x ``SERIES`` counter series, two batches each (all first batches,
 then all second batches, so every series is live at once), through
 :meth:`services.worker.refiner.Refiner.process`, and prints one JSON line: peak RSS, RSS before
 any state, and the live series. A separate process so the peak belongs to the refiner alone.

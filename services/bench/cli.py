@@ -1,0 +1,198 @@
+"""``refinery bench [--quick] [--json FILE] [--only NAME,...]``: the benchmark suite.
+
+Every figure the project's goals name, measured side by side in one run on this machine, with
+its goal and the ratio it exists to measure, plus library versions and machine facts. Results
+(a markdown table) on stdout, progress on stderr, JSON to ``--json FILE`` for comparison across
+commits. Starts a local broker on free ports unless ``REFINERY_BOOTSTRAP_SERVERS`` is set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from services.settings import KafkaSettings, RefinerySettings
+
+BENCHMARKS = (
+    "worker_throughput",
+    "refine_memory",
+    "clock",
+    "freshness",
+    "lake",
+    "exporter",
+    "alert_latency",
+    "sasl",
+)
+NEEDS_KAFKA = {"worker_throughput", "freshness", "alert_latency"}
+# benchmarks measured by one shared run
+SHARED_RUN = {n: ("freshness", "alert_latency") for n in ("freshness", "alert_latency")}
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """How big each benchmark runs."""
+
+    samples: int  # worker_throughput preload
+    memory_sources: int  # x 1000 series
+    clock_sources: int
+    pipeline_s: int  # freshness + alert_latency run
+    incidents_per_kind: int
+    lake_rows: int
+    scrapes: int
+    worker_timeout_s: float
+
+    @classmethod
+    def of(cls, quick: bool) -> Sizes:
+        if quick:
+            return cls(300_000, 250, 40, 30, 1, 100_000, 20, 60.0)
+        return cls(4_000_000, 1000, 300, 60, 2, 2_000_000, 200, 300.0)
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "bench",
+        help="benchmark suite: every goal's figure and ratio, side by side, with versions",
+        description=(__doc__ or "").split("\n\n", 1)[1].strip(),
+    )
+    p.add_argument("--quick", action="store_true", help="small sizes (about 3 minutes)")
+    p.add_argument("--json", metavar="FILE", help="write the results as JSON to FILE")
+    p.add_argument(
+        "--only", metavar="NAME,...", help=f"run only these benchmarks ({', '.join(BENCHMARKS)})"
+    )
+    p.set_defaults(handler=run)
+
+
+def _say(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def _selected(only: str | None) -> list[str]:
+    if not only:
+        return list(BENCHMARKS)
+    names = [n.strip() for n in only.split(",") if n.strip()]
+    unknown = [n for n in names if n not in BENCHMARKS]
+    if unknown:
+        raise ValueError(f"--only: unknown benchmark(s) {', '.join(unknown)}")
+    return [n for n in BENCHMARKS if n in names]
+
+
+def run(args: argparse.Namespace, settings: RefinerySettings) -> int:
+    from services.bench.figures import BenchResult, markdown_table
+    from services.bench.harness import BenchKafka
+    from services.bench.machine import run_facts
+
+    names = _selected(args.only)
+    sizes = Sizes.of(args.quick)
+    mode = "quick" if args.quick else "full"
+    results: dict[str, BenchResult] = {}
+    broker: Any = None
+    with tempfile.TemporaryDirectory(prefix="refinery-bench-") as tmp:
+        work = Path(tmp)
+        kafka: KafkaSettings | None = None
+        broker_version = "not used"
+        try:
+            if NEEDS_KAFKA & set(names):
+                if os.environ.get("REFINERY_BOOTSTRAP_SERVERS"):
+                    kafka = settings.kafka()
+                    broker_version = f"external cluster (local default {settings.kafka_version})"
+                    _say(f"bench: using Kafka at {kafka.bootstrap_servers}")
+                else:
+                    from services.broker import LocalKafka
+
+                    _say("bench: starting a local Kafka broker on free ports…")
+                    broker = LocalKafka(work / "broker", version=settings.kafka_version)
+                    state = broker.start(nodes=1, base_port=0)
+                    kafka = KafkaSettings(bootstrap_servers=state.bootstrap)
+                    broker_version = settings.kafka_version
+            facts = run_facts(broker_version, kafka.bootstrap_servers if kafka else "", mode)
+            k = BenchKafka(kafka, work, _say) if kafka is not None else None
+            for name, fn in _plan(names, sizes, k, results):
+                if name in results:  # produced by an earlier step (the shared pipeline run)
+                    continue
+                _say(f"bench: {name} …")
+                t0 = time.monotonic()
+                try:
+                    for r in fn():
+                        r.seconds = time.monotonic() - t0
+                        results[r.name] = r
+                except Exception as e:  # one failing benchmark must not hide the others
+                    for n in SHARED_RUN.get(name, (name,)):
+                        if n in names:
+                            first = (str(e).splitlines() or [""])[0][:200]
+                            results[n] = BenchResult(n, error=f"{type(e).__name__}: {first}")
+                            results[n].details["error_full"] = str(e)
+                    traceback.print_exc(file=sys.stderr)
+                finally:
+                    if k is not None:
+                        k.stop_all()
+                _say(f"bench: {name} done in {time.monotonic() - t0:.0f}s")
+        finally:
+            if broker is not None:
+                broker.stop()
+    ordered = [results[n] for n in names if n in results]
+    doc = {**facts, "benchmarks": {r.name: r.as_dict() for r in ordered}}
+    print(_header(facts))
+    print(markdown_table(ordered))
+    if args.json:
+        Path(args.json).write_text(json.dumps(doc, indent=2, default=str) + "\n")
+        _say(f"bench: JSON written to {args.json}")
+    return 1 if any(r.error for r in ordered) else 0
+
+
+Step = Callable[[], list[Any]]
+
+
+def _plan(
+    names: list[str], sizes: Sizes, k: Any, results: dict[str, Any]
+) -> list[tuple[str, Step]]:
+    """(name, thunk) in order; a thunk returns one or more BenchResults."""
+    from services.bench import local
+
+    def worker_rate() -> float | None:
+        r = results.get("worker_throughput")
+        for f in r.figures if r is not None else []:
+            if f.name == "worker_samples_per_s":
+                return float(f.value)
+        return None
+
+    def pipeline() -> list[Any]:
+        from services.bench.latency import bench_pipeline
+
+        fresh, alert = bench_pipeline(k, worker_rate(), sizes.pipeline_s, sizes.incidents_per_kind)
+        return [r for r in (fresh, alert) if r.name in names]
+
+    def throughput() -> list[Any]:
+        from services.bench.throughput import bench_worker_throughput
+
+        return [bench_worker_throughput(k, sizes.samples, timeout=sizes.worker_timeout_s)]
+
+    steps: dict[str, Step] = {
+        "worker_throughput": throughput,
+        "refine_memory": lambda: [local.bench_refine_memory(sizes.memory_sources)],
+        "clock": lambda: [local.bench_clock(sizes.clock_sources)],
+        "freshness": pipeline,
+        "lake": lambda: [local.bench_lake(sizes.lake_rows)],
+        "exporter": lambda: [local.bench_exporter(sizes.scrapes)],
+        "alert_latency": pipeline,
+        "sasl": lambda: [local.bench_sasl(quick=sizes.samples < 1_000_000)],
+    }
+    return [(n, steps[n]) for n in names]
+
+
+def _header(facts: dict[str, Any]) -> str:
+    m, v = facts["machine"], facts["versions"]
+    return (
+        f"refinery bench ({facts['mode']}) {facts['date']} commit {facts['commit']}\n"
+        f"machine: {m['cpu_model']}, {m['cores']} cores ({m['cores_usable']} usable), "
+        f"{m['ram_gib']} GiB RAM, load {m['loadavg_at_start']}\n"
+        f"versions: {', '.join(f'{k} {val}' for k, val in v.items())}\n"
+    )

@@ -1,0 +1,259 @@
+"""freshness and alert_latency, from one live pipeline run.
+
+Worker, detect and ``refinery land`` run as processes on fresh topics; the simulator publishes
+at speed 1 (so broker time ≈ true time) with ``pfc_storm``, ``throttle`` and ``xid`` faults,
+sized to about half the worker's measured maximum rate. Then:
+
+- freshness to the refined topic, per sample: LogAppendTime of the refined record (the topic
+  is created with ``message.timestamp.type=LogAppendTime``) - the sample's aligned ``ts``
+  (≈ true source time: no clock fault is injected). Exporters batch 1 s of 10 Hz samples, so
+  the oldest sample of a batch is ~0.9 s old when sent; the newest-sample figure excludes that.
+- freshness to DuckDB, per sample: a thread lists the lake's sample files every 0.25 s; rows
+  of a file first seen at wall time W became queryable at W; it reads their ``ts`` with DuckDB.
+- alert latency: LogAppendTime of the first firing alert matching an incident - the
+  incident's true onset (simulator truth, in memory).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from services.bench.figures import BenchResult
+from services.bench.harness import BenchKafka, S, percentile, records, sim_topics
+from services.simulate.cluster import Cluster
+from services.simulate.engine import Simulation
+from services.simulate.faults import Incident
+from services.simulate.publish import publish
+
+FAULTS = "pfc_storm:count=1,throttle:count={n},xid:count={n}"
+SAMPLES_PER_NODE_S = 1905  # raw samples per node per second of the default cluster
+
+
+class LakePoller:
+    """Lists ``lake/samples`` every ``every_s`` in a thread; per new file, reads its ``ts``
+    with DuckDB and keeps ``visible_ns - ts`` per row."""
+
+    def __init__(self, lake: Path, every_s: float = 0.25) -> None:
+        self.lake, self.every_s = lake, every_s
+        self.seen: set[Path] = set()
+        self.lat_ns: list[np.ndarray] = []
+        self.newest_lag_ns: list[int] = []
+        self.newest = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="lake-poller", daemon=True)
+        self.error: str | None = None
+
+    def __enter__(self) -> LakePoller:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(30)
+
+    def _run(self) -> None:
+        import duckdb
+
+        con = duckdb.connect()
+        try:
+            while not self._stop.is_set():
+                self.poll(con)
+                self._stop.wait(self.every_s)
+            self.poll(con)
+        except Exception as e:  # reported in the result; the benchmark goes on
+            self.error = f"{type(e).__name__}: {e}"
+        finally:
+            con.close()
+
+    def poll(self, con: Any) -> None:
+        files = set(self.lake.glob("samples/*/*/p*.parquet"))
+        visible = time.time_ns()
+        new = sorted(files - self.seen)
+        if not new:
+            return
+        self.seen |= set(new)
+        ts = con.execute(
+            "SELECT ts FROM read_parquet($files)", {"files": [str(p) for p in new]}
+        ).fetchnumpy()["ts"]
+        if len(ts):
+            self.lat_ns.append(visible - np.asarray(ts, dtype=np.int64))
+            self.newest = max(self.newest, int(ts.max()))
+            self.newest_lag_ns.append(visible - self.newest)
+
+    def latencies_s(self) -> np.ndarray:
+        if not self.lat_ns:
+            return np.array([], dtype=np.float64)
+        return np.concatenate(self.lat_ns).astype(np.float64) / S
+
+
+def _refined_freshness(k: BenchKafka, prefix: str) -> tuple[np.ndarray, np.ndarray]:
+    """(per sample, per record newest sample) seconds from aligned ts to LogAppendTime."""
+    import pyarrow as pa
+
+    topic = prefix + "telemetry.refined"
+    from services.bench.harness import end_count
+
+    n = end_count(k.conf, topic)
+    per_sample: list[np.ndarray] = []
+    newest: list[int] = []
+    for m in records(k.conf, topic, lambda c: c >= n, 120):
+        append_ns = m.timestamp()[1] * 1_000_000
+        ts = pa.ipc.open_stream(m.value()).read_all().column("ts").to_numpy()
+        if len(ts):
+            per_sample.append(append_ns - ts)
+            newest.append(append_ns - int(ts.max()))
+    samples = np.concatenate(per_sample) if per_sample else np.array([], np.int64)
+    return samples.astype(np.float64) / S, np.asarray(newest, np.float64) / S
+
+
+def _alerts(k: BenchKafka, prefix: str) -> list[tuple[dict[str, Any], int]]:
+    """Every alert record on the alerts topic with its LogAppendTime (ns)."""
+    topic = prefix + "telemetry.alerts"
+    from services.bench.harness import end_count
+
+    n = end_count(k.conf, topic)
+    return [
+        (json.loads(m.value()), m.timestamp()[1] * 1_000_000)
+        for m in records(k.conf, topic, lambda c: c >= n, 60)
+    ]
+
+
+def _match(i: Incident, a: dict[str, Any]) -> bool:
+    kind = i.kind.value
+    if a.get("state") != "firing":
+        return False
+    if kind == "xid":
+        return bool(a["rule"] == "gpu_xid" and a["entity"] == f"{i.node}/{i.device}")
+    if kind == "throttle":
+        return bool(a["rule"].endswith("_throttle") and a["entity"] == f"{i.node}/{i.device}")
+    if kind == "pfc_storm":  # the straggler alert that names the storm as its cause
+        return bool(a["rule"] == "nccl_straggler" and a.get("job") == i.job)
+    return False
+
+
+def _p(xs: list[float] | np.ndarray, q: float) -> float:
+    return float(np.quantile(xs, q)) if len(xs) else math.nan
+
+
+def bench_pipeline(
+    k: BenchKafka, worker_max_rate: float | None, seconds: int, incidents_per_kind: int
+) -> tuple[BenchResult, BenchResult]:
+    """Run the pipeline once; returns (freshness, alert_latency). Blocks for the run."""
+    fresh, alert = BenchResult("freshness"), BenchResult("alert_latency")
+    rate = worker_max_rate if worker_max_rate and math.isfinite(worker_max_rate) else 30_000.0
+    nodes = max(8, min(400, round(0.5 * rate / SAMPLES_PER_NODE_S)))
+    prefix = k.fresh_topics()
+    lake = k.workdir / f"{prefix}lake"
+    worker = k.start_worker(prefix, name=f"{prefix}pipe-worker")
+    detect = k.start(
+        "pipe-detect", ["detect", "--topic-prefix", prefix, "--group", prefix + "detect"]
+    )
+    land = k.start(
+        f"{prefix}pipe-land",
+        [
+            "land",
+            "--group",
+            prefix + "land",
+            "--no-compact",
+            "--topics",
+            f"{prefix}telemetry.refined=samples",
+        ],
+        lake=lake,
+    )
+    kids = [worker, detect, land]
+    k.wait("worker, detect and land join", lambda: all(
+        k.joined(g) for g in (prefix + "worker", prefix + "detect", prefix + "land")
+    ), 120, kids)  # fmt: skip
+    faults = FAULTS.format(n=incidents_per_kind)
+    k.say(f"  publishing {nodes} nodes (~{nodes * SAMPLES_PER_NODE_S:,} samples/s) for {seconds}s"
+          f" at speed 1 with {faults}")  # fmt: skip
+    sim = Simulation(Cluster.build(nodes), faults, duration_ns=seconds * S)
+    with LakePoller(lake) as poller:
+        rep = publish(sim, k.kafka, sim_topics(prefix), None, speed=1.0, progress_cb=None)
+        raw = [
+            prefix + "telemetry.raw",
+            prefix + "telemetry.events",
+            prefix + "telemetry.collectives",
+        ]
+        k.wait("the worker drains", lambda: k.lag(prefix + "worker", raw) == 0, 180, kids)
+        derived = [prefix + t for t in ("telemetry.refined", "telemetry.events.aligned",
+                                        "telemetry.collectives.aligned")]  # fmt: skip
+        k.wait("detect and land drain", lambda: k.lag(prefix + "detect", derived) == 0
+               and k.lag(prefix + "land", derived[:1]) == 0, 180, kids)  # fmt: skip
+        time.sleep(2 * poller.every_s + 1)
+    for c in kids:
+        c.stop(30)
+
+    pub_rate = rep.samples_per_s
+    per_sample, newest = _refined_freshness(k, prefix)
+    lake_lat = poller.latencies_s()
+    fresh.add("publish_samples_per_s", pub_rate, "samples/s", note=f"{nodes} nodes, speed 1")
+    fresh.add("load_vs_worker_max", pub_rate / rate, "x", note="target 0.5")
+    fresh.add("refined_p99_s", _p(per_sample, 0.99), "s", "<=", 1.0, note="per sample")
+    fresh.add("refined_p50_s", _p(per_sample, 0.5), "s", note="per sample")
+    fresh.add(
+        "refined_newest_p99_s",
+        _p(newest, 0.99),
+        "s",
+        "<=",
+        1.0,
+        note="newest sample per record: excludes the 1 s exporter batch",
+    )
+    fresh.add("duckdb_p99_s", _p(lake_lat, 0.99), "s", "<=", 10.0, note="per sample")
+    fresh.add("duckdb_p50_s", _p(lake_lat, 0.5), "s", note="per sample")
+    fresh.details.update(
+        {
+            "nodes": nodes,
+            "seconds": seconds,
+            "worker_max_rate_used": rate,
+            "refined_samples": len(per_sample),
+            "lake_samples": len(lake_lat),
+            "lake_files": len(poller.seen),
+            "lake_poll_error": poller.error,
+            "land_flush_max_age_s": 2.0,
+            "publish": rep.as_dict(),
+        }
+    )
+
+    alerts = _alerts(k, prefix)
+    rows: list[dict[str, Any]] = []
+    for inc in sim.incidents:
+        hits = [t for a, t in alerts if _match(inc, a)]
+        rows.append(
+            {
+                "kind": inc.kind.value,
+                "id": inc.id,
+                "entity": f"{inc.node}/{inc.device}" if inc.device else inc.job,
+                "latency_s": (min(hits) - inc.start_ns) / S if hits else None,
+            }
+        )
+    direct = [
+        r["latency_s"] for r in rows if r["kind"] != "pfc_storm" and r["latency_s"] is not None
+    ]
+    strag = [
+        r["latency_s"] for r in rows if r["kind"] == "pfc_storm" and r["latency_s"] is not None
+    ]
+    missed = sum(1 for r in rows if r["latency_s"] is None)
+    alert.add("alert_p50_s", percentile(direct, 0.5), "s", note="xid + throttle")
+    alert.add("alert_p99_s", percentile(direct, 0.99), "s", "<=", 5.0, note="xid + throttle")
+    alert.add("straggler_with_cause_p99_s", percentile(strag, 0.99), "s", "<=", 10.0)
+    alert.add("incidents", len(rows), "incidents")
+    alert.add("incidents_without_alert", missed, "incidents")
+    alert.details.update(
+        {
+            "incidents": rows,
+            "alerts": [
+                {"rule": a["rule"], "state": a["state"], "entity": a["entity"],
+                 "appended_ns": t, "cause": a.get("cause")}
+                for a, t in alerts
+            ],
+        }
+    )  # fmt: skip
+    return fresh, alert
