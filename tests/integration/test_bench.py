@@ -1,0 +1,94 @@
+"""`refinery bench --quick --json FILE` against the session broker: every named figure and
+ratio is there and numeric, with versions and machine facts. No thresholds: it measures."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.kafka, pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parents[2]
+
+FIGURES = {
+    "worker_throughput": [
+        "simulator_publish_samples_per_s",
+        "ceiling_samples_per_s",
+        "ceiling_cpu_s_per_million",
+        "worker_samples_per_s",
+        "worker_cpu_s_per_million",
+        "worker_to_ceiling_ratio",
+        "worker_records_accounted_share",
+        "decode_only_samples_per_s",
+        "refiner_process_samples_per_s",
+        "bench_refine_samples_per_s",
+        "worker_to_refiner_ratio",
+    ],
+    "refine_memory": [
+        "refine_peak_rss_gib",
+        "refine_bytes_per_series",
+        "refine_rss_gib_projected_1m_series",
+    ],
+    "clock": ["clock_p99_abs_error_ms", "clock_flag_batches_max"],
+    "freshness": ["refined_p99_s", "refined_newest_p99_s", "duckdb_p99_s", "load_vs_worker_max"],
+    "lake": [
+        "landing_to_write_table_ratio",
+        "bytes_per_sample_compacted",
+        "queries_compacted_to_single_file_ratio",
+        "small_file_penalty",
+        "query_slowest_compacted_s",
+    ],
+    "exporter": ["exporter_cpu_ms_per_scrape", "exporter_core_share_at_1s_pct"],
+    "alert_latency": [
+        "alert_p50_s",
+        "alert_p99_s",
+        "straggler_with_cause_p99_s",
+        "incidents",
+        "incidents_without_alert",
+    ],
+}
+
+
+def test_bench_quick_reports_every_figure(kafka_bootstrap: str, tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    env = {
+        **os.environ,
+        "REFINERY_BOOTSTRAP_SERVERS": kafka_bootstrap,
+        "REFINERY_HOME": str(tmp_path / "home"),
+    }
+    p = subprocess.run(
+        [sys.executable, "-m", "services.cli", "bench", "--quick", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
+        cwd=REPO,
+    )
+    assert out.exists(), p.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    assert {"python", "pyarrow", "duckdb", "faust-streaming", "aiokafka"} <= set(doc["versions"])
+    assert {"confluent-kafka", "librdkafka", "kafka_broker"} <= set(doc["versions"])
+    assert {"cpu_model", "cores", "ram_gib"} <= set(doc["machine"])
+    benches = doc["benchmarks"]
+    for bench, names in FIGURES.items():
+        b = benches[bench]
+        assert b["error"] is None, (bench, b["error"], p.stderr[-3000:])
+        for name in names:
+            v = b["figures"][name]["value"]
+            assert isinstance(v, int | float) and math.isfinite(v), (bench, name, v)
+        # each progress line names the benchmark as it starts and ends
+        assert f"bench: {bench}" in p.stderr
+    # the results table is on stdout, one row per figure
+    assert "| worker_throughput | worker_to_ceiling_ratio |" in p.stdout
+    sasl = benches["sasl"]
+    if importlib.util.find_spec("services.security.bench") is None:
+        assert "absent" in (sasl["skipped"] or "")
+    else:
+        assert sasl["skipped"] or sasl["figures"]
