@@ -1,0 +1,177 @@
+"""Fault-test harness: a real broker of the test's own, the simulator (truth as oracle), the
+worker and the lander as subprocesses, and :func:`reconcile`, which says what the refined
+output lost, duplicated or made up relative to what the broker acknowledged.
+
+Every fault test prints one ``FAULT`` line: lost / duplicated / unexpected counts and the time
+to recover, collected by the report.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow.compute as pc
+
+from services.simulate.truth import load_truth
+from tests.integration.worker_helpers import read_all
+
+REPO = Path(__file__).resolve().parents[2]
+LIGHT = ("--gpus-per-node", "4", "--nics-per-node", "4", "--cpus-per-node", "8")
+
+
+def cli(args: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    """Start ``refinery ARGS`` with output to ``log``."""
+    with open(log, "ab") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "services.cli", *args],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
+            cwd=REPO,
+        )
+
+
+# Faust's producer waits up to 20 minutes (its default) for a send that a broker kill left
+# unanswered, and the agent waits with it: the worker stalls (its /health turns 503) instead
+# of crashing. Deployed workers get a bound through Faust's environment setting, as here, so
+# a stuck send fails, the CrashingSupervisor exits the process and its supervisor restarts it.
+WORKER_ENV = {"PRODUCER_REQUEST_TIMEOUT": "20"}
+
+
+def worker(
+    bootstrap: str, prefix: str, tmp: Path, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    args = ["worker", "--topic-prefix", prefix, "--app-id", f"{prefix}worker", "--web-port"]
+    args += ["0", "--data-dir", str(tmp / "worker-data"), "--loglevel", "info"]
+    base = {"REFINERY_BOOTSTRAP_SERVERS": bootstrap, "REFINERY_HOME": str(tmp / "home")}
+    return cli(args, tmp / "worker.log", {**base, **WORKER_ENV, **(env or {})})
+
+
+class Supervised:
+    """A worker that is started again whenever it exits, as systemd or Kubernetes would."""
+
+    def __init__(
+        self, bootstrap: str, prefix: str, tmp: Path, env: dict[str, str] | None = None
+    ) -> None:
+        self.args = (bootstrap, prefix, tmp, env)
+        self.proc = worker(*self.args)
+        self.restarts = 0
+
+    def check(self) -> None:
+        if self.proc.poll() is not None:
+            self.restarts += 1
+            self.proc = worker(*self.args)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+
+
+def simulate(
+    bootstrap: str, prefix: str, tmp: Path, seconds: int, speed: float = 1.0, nodes: int = 4
+) -> subprocess.Popen[bytes]:
+    args = ["simulate", "--nodes", str(nodes), "--duration", str(seconds), "--speed", str(speed)]
+    args += ["--seed", "11", "--faults", "none", "--truth", str(tmp / "truth.parquet")]
+    args += ["--topic-prefix", prefix, "--bootstrap", bootstrap, *LIGHT]
+    return cli(args, tmp / "simulate.log")
+
+
+def refined_count(bootstrap: str, topic: str) -> int:
+    """Records in ``topic`` (sum of high watermarks; 0 when the broker does not answer)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "fault-probe", "log_level": 0})
+    try:
+        md = c.list_topics(topic, timeout=5)
+        return sum(
+            c.get_watermark_offsets(TopicPartition(topic, p), timeout=5)[1]
+            for p in md.topics[topic].partitions
+        )
+    except Exception:
+        return 0
+    finally:
+        c.close()
+
+
+@dataclass
+class Reconciled:
+    acked: int  # acknowledged raw batches (truth)
+    refined_records: int  # refined records read (before lineage dedupe)
+    lost: int  # acknowledged batches with no refined record
+    duplicated: int  # batches refined at more than one raw position (after lineage dedupe)
+    unexpected: int  # refined batches the truth never acknowledged
+    samples_short: int  # acknowledged samples missing from the refined output
+
+    def ok(self) -> bool:
+        return self.lost == self.duplicated == self.unexpected == self.samples_short == 0
+
+
+def reconcile(bootstrap: str, prefix: str, truth_path: Path) -> Reconciled:
+    """Compare the refined topic with the simulator's truth of acknowledged raw batches."""
+    truth = load_truth(truth_path)
+    sends = truth.sends.filter(pc.equal(truth.sends.column("stream"), "raw")).to_pylist()
+    acked = {s["tag"]: s["samples"] - s["bad_samples"] for s in sends}
+    seen: dict[str, dict[tuple[int, int], int]] = defaultdict(dict)
+    rows = read_all(bootstrap, prefix + "telemetry.refined", idle=6.0, timeout=120)
+    for _, _, headers in rows:
+        lineage = json.loads(dict(headers)["lineage"])
+        tag = "|".join(str(lineage[k]) for k in ("node", "exporter", "instance", "boot_id", "seq"))
+        seen[tag][(lineage["raw_partition"], lineage["raw_offset"])] = lineage["refined_samples"]
+    lost = [t for t in acked if t not in seen]
+    short = sum(max(0, n - max(seen[t].values(), default=0)) for t, n in acked.items() if t in seen)
+    return Reconciled(
+        acked=len(acked),
+        refined_records=len(rows),
+        lost=len(lost),
+        duplicated=sum(len(p) - 1 for p in seen.values()),
+        unexpected=sum(1 for t in seen if t not in acked),
+        samples_short=short,
+    )
+
+
+def wait_drained(
+    bootstrap: str, prefix: str, expect: int, timeout: float, w: Supervised | None = None
+) -> float:
+    """Wait until the refined topic holds ``expect`` records (supervising ``w``); returns
+    the seconds waited."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        if w is not None:
+            w.check()
+        if refined_count(bootstrap, prefix + "telemetry.refined") >= expect:
+            break
+        time.sleep(1.0)
+    return time.monotonic() - t0
+
+
+def acked_raw(truth_path: Path) -> int:
+    """Acknowledged raw batches in the truth (the refined records to wait for)."""
+    sends = load_truth(truth_path).sends
+    return int(pc.sum(pc.equal(sends.column("stream"), "raw")).as_py() or 0)
+
+
+def report(name: str, r: Reconciled, recover_s: float, **extra: object) -> None:
+    fields = {
+        "fault": name,
+        "lost": r.lost,
+        "duplicated": r.duplicated,
+        "unexpected": r.unexpected,
+        "samples_short": r.samples_short,
+        "acked_batches": r.acked,
+        "refined_records": r.refined_records,
+        "recover_s": round(recover_s, 1),
+        **extra,
+    }
+    print("FAULT " + json.dumps(fields), flush=True)
