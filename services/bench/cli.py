@@ -117,6 +117,7 @@ def run(args: argparse.Namespace, settings: RefinerySettings) -> int:
             k = BenchKafka(kafka, work, _say) if kafka is not None else None
             for name, fn in _plan(names, sizes, k, results):
                 if name in results:  # produced by an earlier step (the shared pipeline run)
+                    _say(f"bench: {name}: measured in the same run as {SHARED_RUN[name][0]}")
                     continue
                 _say(f"bench: {name} …")
                 t0 = time.monotonic()
