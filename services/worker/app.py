@@ -322,8 +322,27 @@ def _credentials(kafka: KafkaSettings) -> Any:
     return faust.SSLCredentials(ctx)
 
 
-def run_worker(app: faust.App, loglevel: str = "warning") -> int:
-    """Run until SIGTERM/SIGINT (clean shutdown, exit 0) or a crash (non-zero exit)."""
+def run_worker(app: faust.App, loglevel: str = "warning", stop_timeout_s: float = 30.0) -> int:
+    """Run until SIGTERM/SIGINT (clean shutdown, exit 0) or a crash (non-zero exit).
+
+    A graceful stop that has not finished after ``stop_timeout_s`` (Faust can wait on a
+    rebalance that never completes) ends the process with exit code 3 and a log line. That
+    loses nothing: every group's outputs and state were flushed before its offsets could be
+    committed, so the next owner of the partitions replays at most the unfinished group."""
+    import os
+    import threading
+
+    def watchdog() -> None:
+        log.error("graceful stop took more than %.0fs; exiting now", stop_timeout_s)
+        logging.shutdown()
+        os._exit(3)
+
+    @app.on_before_shutdown.connect  # type: ignore[arg-type]
+    async def arm_watchdog(app_: Any, **kwargs: Any) -> None:
+        timer = threading.Timer(stop_timeout_s, watchdog)
+        timer.daemon = True
+        timer.start()
+
     worker = faust.Worker(app, loglevel=loglevel, quiet=True)
     try:
         worker.execute_from_commandline()

@@ -33,9 +33,15 @@ class WorkerProc:
     log: Path
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 60) -> int:
+        """Signal and wait; a process still alive after ``timeout`` is killed (and the
+        returned code is then -9) so no test leaves a worker behind."""
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
-        return self.proc.wait(timeout)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait(10)
 
     def tail(self, n: int = 40) -> str:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
