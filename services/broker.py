@@ -377,28 +377,7 @@ class LocalKafka:
                     tail = (fmt.stdout + fmt.stderr).strip().splitlines()[-1:] or [""]
                     raise BrokerError(f"formatting KRaft storage failed: {tail[0][:200]}")
         for n in state.nodes:
-            ndir = self.data_dir / f"node-{n.node_id}"
-            with open(ndir / "stdout.log", "ab") as out:
-                proc = subprocess.Popen(
-                    [
-                        java,
-                        f"-Xmx{self.heap}",
-                        f"-Xms{self.heap}",
-                        "-XX:+UseG1GC",
-                        "-XX:MaxGCPauseMillis=20",
-                        "-Djava.awt.headless=true",
-                        *self._jvm_props(ndir),
-                        "-cp",
-                        cp,
-                        MAIN_CLASS,
-                        str(ndir / "server.properties"),
-                    ],
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL,
-                    start_new_session=True,
-                )
-            n.pid = proc.pid
+            n.pid = self._launch(java, cp, self.data_dir / f"node-{n.node_id}")
         state.save(self.state_path)
         if progress:
             print(f"waiting for {nodes} node(s) to answer metadata requests...", file=sys.stderr)
@@ -427,6 +406,30 @@ class LocalKafka:
         if state.secure:
             conf = self.security().client_settings("admin", state.bootstrap).librdkafka()
         return conf
+
+    def _launch(self, java: str, classpath: str, node_dir: Path) -> int:
+        """Start one node's JVM detached (own session); returns its pid."""
+        with open(node_dir / "stdout.log", "ab") as out:
+            proc = subprocess.Popen(
+                [
+                    java,
+                    f"-Xmx{self.heap}",
+                    f"-Xms{self.heap}",
+                    "-XX:+UseG1GC",
+                    "-XX:MaxGCPauseMillis=20",
+                    "-Djava.awt.headless=true",
+                    *self._jvm_props(node_dir),
+                    "-cp",
+                    classpath,
+                    MAIN_CLASS,
+                    str(node_dir / "server.properties"),
+                ],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        return proc.pid
 
     def _jvm_props(self, node_dir: Path) -> list[str]:
         return [
@@ -511,25 +514,7 @@ class LocalKafka:
         lib = resolve_jars(state.version, self.cache_dir)
         for n in state.nodes:
             if n.node_id == node_id:
-                ndir = self.data_dir / f"node-{n.node_id}"
-                with open(ndir / "stdout.log", "ab") as out:
-                    proc = subprocess.Popen(
-                        [
-                            java,
-                            f"-Xmx{self.heap}",
-                            "-XX:+UseG1GC",
-                            *self._jvm_props(ndir),
-                            "-cp",
-                            str(lib / "*"),
-                            MAIN_CLASS,
-                            str(ndir / "server.properties"),
-                        ],
-                        stdout=out,
-                        stderr=subprocess.STDOUT,
-                        stdin=subprocess.DEVNULL,
-                        start_new_session=True,
-                    )
-                n.pid = proc.pid
+                n.pid = self._launch(java, str(lib / "*"), self.data_dir / f"node-{n.node_id}")
         state.save(self.state_path)
         self.wait_ready(state, timeout)
 
