@@ -205,7 +205,7 @@ def bench_worker_throughput(
                 "span_s": span,
                 "cpu_s": w_cpu,
                 "complete": complete,
-                "log_tail": worker.tail(20),
+                "log_tail": [ln[:300] for ln in worker.tail(20).splitlines()],
             },
         }
     )
