@@ -62,7 +62,9 @@ class WorkerConfig:
     replication_factor: int = 1
     data_dir: Path = Path(".refinery/worker")
     web_port: int | None = 6066
-    take_max: int = 2000
+    # A group is processed without yielding to the event loop between its records' refine
+    # steps (milliseconds each); keep it short so heartbeats and fetches stay timely.
+    take_max: int = 200
     take_within_s: float = 0.25
     stall_after_s: float = 30.0
     refine: RefineSettings = field(default_factory=lambda: RefineSettings(seq_window=512))
@@ -179,6 +181,7 @@ def build_app(
                     )
                     out = proc.process(rec, now)
                     _record(telemetry, out, rec)
+                    await asyncio.sleep(0)  # let the consumer's heartbeats and fetches run
                     for msg in out.messages:
                         futures.append(
                             await app.producer.send(
