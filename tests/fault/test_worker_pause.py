@@ -53,7 +53,7 @@ def test_sigstop_past_session_timeout_then_sigcont(kafka_bootstrap: str, tmp_pat
         assert sim.wait(120) == 0
         wait_drained(kafka_bootstrap, prefix, acked_raw(tmp_path / "truth.parquet"), 120, w)
         r = reconcile(kafka_bootstrap, prefix, tmp_path / "truth.parquet")
-        report("worker-sigstop", r, recover_s, worker_restarts=w.restarts, paused_s=10)
+        report("worker-sigstop", r, recover_s, restarts=w.restarts, stalled=w.unhealthy_kills)
         assert r.ok(), r
     finally:
         w.stop()
