@@ -71,9 +71,11 @@ def _one(mode: str, root: Path, nodes: int, seconds: int, timeout: float) -> dic
             exporter = KafkaSettings(bootstrap_servers=state.bootstrap)
         env = {k: v for k, v in os.environ.items() if not k.startswith("REFINERY_")}
         env.update(worker_env, REFINERY_HOME=str(root / f"{mode}-home"))
+        data = str(root / f"{mode}-worker")
+        os.makedirs(data, exist_ok=True)
         log = open(root / f"worker-{mode}.log", "wb")  # noqa: SIM115 - closed below
         proc = subprocess.Popen(
-            [sys.executable, "-m", "services.cli", "worker", "--web-port", "0"],
+            [sys.executable, "-m", "services.cli", "worker", "--web-port", "0", "--data-dir", data],
             stdout=log,
             stderr=subprocess.STDOUT,
             env=env,
@@ -95,13 +97,19 @@ def _one(mode: str, root: Path, nodes: int, seconds: int, timeout: float) -> dic
                 time.sleep(0.5)
             wall = time.monotonic() - t0
             cpu = _cpu_s(proc.pid) - cpu0
+            drained = _accounted(admin, "telemetry.accounting") >= expect
         finally:
             proc.terminate()
-            proc.wait(60)
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
             log.close()
         return {
             "mode": mode,
             "records": expect,
+            "drained": drained,  # False: the worker stalled; the figures are not a rate
             "samples": rep.samples_acked,
             "wall_s": round(wall, 2),
             "worker_cpu_s": round(cpu, 2),
@@ -118,10 +126,14 @@ def bench_secure_worker(
     """Run the plaintext and SASL_SSL workloads; returns both and the ratios
     (``throughput_ratio`` = secure / plaintext samples per second, ``cpu_ratio`` = secure /
     plaintext CPU per million samples). Raises RuntimeError if a worker dies."""
-    with tempfile.TemporaryDirectory(prefix="refinery-secbench-", dir=work_dir) as tmp:
-        root = Path(tmp)
-        plain = _one("PLAINTEXT", root, nodes, seconds, timeout)
-        secure = _one("SASL_SSL", root, nodes, seconds, timeout)
+    if work_dir is not None:  # kept afterwards: brokers' and workers' logs
+        work_dir.mkdir(parents=True, exist_ok=True)
+        plain = _one("PLAINTEXT", work_dir, nodes, seconds, timeout)
+        secure = _one("SASL_SSL", work_dir, nodes, seconds, timeout)
+    else:
+        with tempfile.TemporaryDirectory(prefix="refinery-secbench-") as tmp:
+            plain = _one("PLAINTEXT", Path(tmp), nodes, seconds, timeout)
+            secure = _one("SASL_SSL", Path(tmp), nodes, seconds, timeout)
     return {
         "plaintext": plain,
         "sasl_ssl": secure,
