@@ -110,6 +110,12 @@ def build_app(
         producer_max_request_size=32 * 1024 * 1024,
         producer_acks=-1,
         producer_linger_ms=5,
+        # a produce that cannot complete fails after 30 s (Faust's default is 20 min): the
+        # agent crashes, the worker exits non-zero and its supervisor restarts it
+        producer_request_timeout=30.0,
+        # on a rebalance, do not wait for in-flight records: their offsets are not committed
+        # and the next owner replays them (waiting can deadlock after a session expiry)
+        stream_wait_empty=False,
         stream_buffer_maxsize=8192,
         web_enabled=cfg.web_port is not None,
         web_port=cfg.web_port or 6066,
