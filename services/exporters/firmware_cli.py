@@ -4,7 +4,8 @@ kernel-log XIDs, to ``telemetry.raw`` (samples) and ``telemetry.events`` (events
 ``export firmware [--ethtool IFACE …] [--redfish URL --redfish-user U --redfish-password-file F
 --redfish-ca FILE | --insecure] [--kmsg FILE|/dev/kmsg] [--dmesg FILE] [--once] [--stdout]
 [--interval 1s]``. With ``--stdout`` rows are printed as JSON Lines (``{"kind": …, row}``)
-instead of published. Source failures are reported on stderr with their count and last error;
+instead of published. Source failures are counted in the service's own telemetry (OpenTelemetry,
+exported over OTLP when configured) and reported on stderr with their count and last error;
 the loop goes on. Also holds the small helpers the NCCL CLI shares (durations, identity, batch
 sink).
 """
@@ -27,6 +28,7 @@ from schemas.errors import ConfigError
 from schemas.wire import ClockBlock, Envelope, PayloadKind, SourceId
 from services.producer import initial_seq
 from services.settings import RefinerySettings
+from services.telemetry import ServiceTelemetry
 from services.topology.cli import command_group
 
 _DURATION_RE = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h)?$")
@@ -164,6 +166,8 @@ def cmd_export_firmware(args: argparse.Namespace, settings: RefinerySettings) ->
         interval_ns=int(interval * 1e9),
     )
     reported: dict[str, int] = {}
+    polls: dict[str, int] = {}
+    telemetry = ServiceTelemetry("firmware-exporter", otlp_endpoint=settings.otlp_endpoint)
     try:
         while True:
             t0 = time.monotonic()
@@ -173,7 +177,17 @@ def cmd_export_firmware(args: argparse.Namespace, settings: RefinerySettings) ->
             for table in poll.events:
                 sink.send(PayloadKind.EVENTS, "telemetry.events", table, poll.clock)
             for h in exporter.health.values():
+                # the service's own telemetry: polls and failures per source
+                telemetry.count(
+                    "refinery.exporter.polls", h.polls - polls.get(h.name, 0), {"source": h.name}
+                )
+                polls[h.name] = h.polls
                 if h.errors != reported.get(h.name, 0):
+                    telemetry.count(
+                        "refinery.exporter.source_errors",
+                        h.errors - reported.get(h.name, 0),
+                        {"source": h.name},
+                    )
                     reported[h.name] = h.errors
                     print(f"{h.name}: {h.errors} error(s), last: {h.last_error}", file=sys.stderr)
             if args.once:
@@ -181,6 +195,7 @@ def cmd_export_firmware(args: argparse.Namespace, settings: RefinerySettings) ->
             time.sleep(max(0.0, interval - (time.monotonic() - t0)))
     finally:
         left = sink.close()
+        telemetry.shutdown()
     failed = all(h.errors for h in exporter.health.values())
     return 1 if left or failed else 0
 
