@@ -21,7 +21,7 @@ def add_parser(sub: Any) -> None:
         "their causes and the top findings.",
     )
     p.add_argument("--quick", action="store_true", help="8 nodes, 25 s (CI)")
-    p.add_argument("--nodes", type=int, help="nodes (default 16; --quick 8)")
+    p.add_argument("--nodes", type=int, help="nodes (default 32; --quick 8)")
     p.add_argument("--duration", type=int, help="simulated seconds (default 60; --quick 25)")
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--faults", help="fault spec (see `refinery simulate --help`)")
@@ -43,7 +43,7 @@ def run(args: argparse.Namespace, settings: RefinerySettings) -> int:
         )
         return 2
     opts = DemoOptions(
-        nodes=args.nodes or (8 if quick else 16),
+        nodes=args.nodes or (8 if quick else 32),
         cpus=16 if quick else 32,
         duration_s=args.duration or (25 if quick else 60),
         seed=args.seed,
