@@ -10,8 +10,8 @@ take the latest record per key in landing order.
 dataset         topic                    encoding   ``ts`` is
 ==============  =======================  =========  ==============================================
 samples         telemetry.refined        Arrow IPC  aligned sample time (REFINED_SCHEMA ``ts``)
-events          telemetry.events         wire       event ``ts_ns`` (source clock)
-collectives     telemetry.collectives    wire       rank arrival ``ts_ns`` (source clock)
+events          telemetry.events.aligned      Arrow IPC  aligned event ``ts`` (common clock)
+collectives     telemetry.collectives.aligned Arrow IPC  aligned rank arrival ``ts`` (common clock)
 alerts          telemetry.alerts         JSON       ``emitted_ns``
 episodes        telemetry.episodes       JSON       ``emitted_ns``
 deadletter      telemetry.deadletter     JSON       ``ts_ns`` (when rejected)
@@ -41,18 +41,9 @@ from schemas.records import REFINED_SCHEMA, ROLLUP_SCHEMA
 
 class Encoding(StrEnum):
     ARROW = "arrow"  # Arrow IPC stream whose table has the dataset's columns
-    WIRE = "wire"  # schemas.codec wire batch (envelope + payload)
     JSON = "json"  # one pydantic record per Kafka message
 
 
-_ENVELOPE_COLUMNS = [
-    pa.field("node", pa.string(), nullable=False),
-    pa.field("exporter", pa.string(), nullable=False),
-    pa.field("instance", pa.string(), nullable=False),
-    pa.field("boot_id", pa.string(), nullable=False),
-    pa.field("seq", pa.int64(), nullable=False),
-    pa.field("sent_ns", pa.int64(), nullable=False),
-]
 _POSITION = [
     pa.field("kafka_partition", pa.int32(), nullable=False),
     pa.field("kafka_offset", pa.int64(), nullable=False),

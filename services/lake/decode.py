@@ -12,7 +12,7 @@ from typing import Any
 import pyarrow as pa
 from pydantic import BaseModel, ValidationError
 
-from schemas.codec import ARROW, JSON, decode
+from schemas.codec import ARROW, JSON
 from schemas.errors import RejectedInput
 from schemas.reasons import Reason
 from schemas.records import Alert, DeadLetter, Episode, JobPlacement, TopologyEntity
@@ -88,24 +88,6 @@ def _rows_of(
     timestamp_ns: int,
 ) -> pa.Table:
     ds = DATASETS[dataset]
-    if ds.encoding is Encoding.WIRE:
-        batch = decode(value, content_type)
-        t = batch.table
-        env = batch.envelope
-        n = t.num_rows
-        extra = {
-            "ts": t.column("ts_ns"),
-            "node": pa.array([env.source.node] * n, pa.string()),
-            "exporter": pa.array([env.source.exporter] * n, pa.string()),
-            "instance": pa.array([env.source.instance] * n, pa.string()),
-            "boot_id": pa.array([env.source.boot_id] * n, pa.string()),
-            "seq": pa.array([env.seq] * n, pa.int64()),
-            "sent_ns": pa.array([env.sent_ns] * n, pa.int64()),
-            **_position(n, partition, offset),
-        }
-        for k, v in extra.items():
-            t = t.append_column(k, v)
-        return _conform(t, dataset)
     sniffed_json = content_type is None and value[:1] in (b"{", b"[")
     if ds.encoding is Encoding.ARROW and content_type != JSON and not sniffed_json:
         if content_type not in (None, ARROW):
