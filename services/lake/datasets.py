@@ -6,20 +6,20 @@ values (``evidence``, ``attrs``, ``lineage``) are kept as JSON text. Rows that c
 event topic carry ``kafka_partition``/``kafka_offset`` so versioned tables (topology, jobs) can
 take the latest record per key in landing order.
 
-==============  =======================  =========  ==============================================
-dataset         topic                    encoding   ``ts`` is
-==============  =======================  =========  ==============================================
-samples         telemetry.refined        Arrow IPC  aligned sample time (REFINED_SCHEMA ``ts``)
-events          telemetry.events.aligned      Arrow IPC  aligned event ``ts`` (common clock)
-collectives     telemetry.collectives.aligned Arrow IPC  aligned rank arrival ``ts`` (common clock)
-alerts          telemetry.alerts         JSON       ``emitted_ns``
-episodes        telemetry.episodes       JSON       ``emitted_ns``
-deadletter      telemetry.deadletter     JSON       ``ts_ns`` (when rejected)
-rollups         telemetry.rollups        Arrow IPC  ``window_start``
-topology        topology                 JSON       ``valid_from``
-jobs            jobs                     JSON       ``start_ns``
-accounting      telemetry.accounting     Arrow/JSON when the batch was refined
-==============  =======================  =========  ==============================================
+==============  =============================  ==========  ======================================
+dataset         topic                          encoding    ``ts`` is
+==============  =============================  ==========  ======================================
+samples         telemetry.refined              Arrow IPC   aligned sample time (REFINED ``ts``)
+events          telemetry.events.aligned       Arrow IPC   aligned event time (common clock)
+collectives     telemetry.collectives.aligned  Arrow IPC   aligned rank arrival (common clock)
+alerts          telemetry.alerts               JSON        ``emitted_ns``
+episodes        telemetry.episodes             JSON        ``emitted_ns``
+deadletter      telemetry.deadletter           JSON        ``ts_ns`` (when rejected)
+rollups         telemetry.rollups              Arrow IPC   ``window_start``
+topology        topology                       JSON        ``valid_from``
+jobs            jobs                           JSON        ``start_ns``
+accounting      telemetry.accounting           Arrow/JSON  when the batch was refined
+==============  =============================  ==========  ======================================
 
 :data:`ACCOUNTING_SCHEMA` is the contract for the refining worker's per-batch accounting: one
 row per raw Kafka record it consumed, published on ``telemetry.accounting`` as one JSON object
