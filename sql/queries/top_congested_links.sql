@@ -17,6 +17,19 @@ WITH c AS (
       AND ts >= epoch_ns(CAST($start AS TIMESTAMP))
       AND ts < epoch_ns(CAST($end AS TIMESTAMP))
 ),
+-- The version of a (node, device) in force at ts is the one with the latest valid_from <= ts
+-- (what an ASOF join on valid_from picks), i.e. the one whose [valid_from, next valid_from)
+-- holds ts: an equality hash join with a range check, far cheaper per sample than ASOF.
+links AS (
+    SELECT *, coalesce(lead(valid_from) OVER (PARTITION BY node, device ORDER BY valid_from),
+                       9223372036854775807) AS next_from
+    FROM topology_links
+),
+nics AS (
+    SELECT *, coalesce(lead(valid_from) OVER (PARTITION BY node, device ORDER BY valid_from),
+                       9223372036854775807) AS next_from
+    FROM topology_nics
+),
 labelled AS (
     SELECT
         c.*,
@@ -25,10 +38,12 @@ labelled AS (
             AS t_switch_port,
         CASE WHEN n.valid_until IS NULL OR c.ts < n.valid_until THEN n.rail END AS t_rail
     FROM c
-    ASOF LEFT JOIN topology_links AS l
-        ON c.node = l.node AND c.port = l.device AND c.ts >= l.valid_from
-    ASOF LEFT JOIN topology_nics AS n
-        ON c.node = n.node AND c.nic_dev = n.device AND c.ts >= n.valid_from
+    LEFT JOIN links AS l
+        ON c.node = l.node AND c.port = l.device
+       AND c.ts >= l.valid_from AND c.ts < l.next_from
+    LEFT JOIN nics AS n
+        ON c.node = n.node AND c.nic_dev = n.device
+       AND c.ts >= n.valid_from AND c.ts < n.next_from
 ),
 per_link AS (
     SELECT
