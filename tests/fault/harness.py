@@ -54,19 +54,34 @@ WORKER_ENV = {"PRODUCER_REQUEST_TIMEOUT": "20", "STREAM_WAIT_EMPTY": "false"}
 
 
 def worker(
-    bootstrap: str, prefix: str, tmp: Path, env: dict[str, str] | None = None, web_port: int = 0
+    bootstrap: str,
+    prefix: str,
+    tmp: Path,
+    env: dict[str, str] | None = None,
+    web_port: int = 0,
+    extra: list[str] | None = None,
 ) -> subprocess.Popen[bytes]:
+    """Start ``refinery worker`` (group ``PREFIX``worker); ``extra``: more worker options."""
     args = ["worker", "--topic-prefix", prefix, "--app-id", f"{prefix}worker", "--web-port"]
     args += [str(web_port), "--data-dir", str(tmp / "worker-data"), "--loglevel", "info"]
+    args += extra or []
     base = {"REFINERY_BOOTSTRAP_SERVERS": bootstrap, "REFINERY_HOME": str(tmp / "home")}
     return cli(args, tmp / "worker.log", {**base, **WORKER_ENV, **(env or {})})
 
 
 def simulate(
-    bootstrap: str, prefix: str, tmp: Path, seconds: int, speed: float = 1.0, nodes: int = 4
+    bootstrap: str,
+    prefix: str,
+    tmp: Path,
+    seconds: int,
+    speed: float = 1.0,
+    nodes: int = 4,
+    faults: str = "none",
 ) -> subprocess.Popen[bytes]:
+    """Start ``refinery simulate`` writing its truth to ``TMP/truth.parquet``; ``faults`` as
+    ``--faults`` takes it (``"all"``: duplicates, malformed, late, resets, skew...)."""
     args = ["simulate", "--nodes", str(nodes), "--duration", str(seconds), "--speed", str(speed)]
-    args += ["--seed", "11", "--faults", "none", "--truth", str(tmp / "truth.parquet")]
+    args += ["--seed", "11", "--faults", faults, "--truth", str(tmp / "truth.parquet")]
     args += ["--topic-prefix", prefix, "--bootstrap", bootstrap, *LIGHT]
     return cli(args, tmp / "simulate.log")
 
@@ -83,13 +98,19 @@ class Supervised:
     and killed (then started again) when its ``/health`` answers 503, a stalled worker."""
 
     def __init__(
-        self, bootstrap: str, prefix: str, tmp: Path, env: dict[str, str] | None = None
+        self,
+        bootstrap: str,
+        prefix: str,
+        tmp: Path,
+        env: dict[str, str] | None = None,
+        extra: list[str] | None = None,
     ) -> None:
         self.args = (bootstrap, prefix, tmp, env)
+        self.extra = extra
         self.restarts = 0
         self.unhealthy_kills = 0
         self.port = _free_port()
-        self.proc = worker(*self.args, web_port=self.port)
+        self.proc = worker(*self.args, web_port=self.port, extra=extra)
 
     def healthy(self) -> bool:
         try:
@@ -108,7 +129,7 @@ class Supervised:
         if self.proc.poll() is not None:
             self.restarts += 1
             self.port = _free_port()
-            self.proc = worker(*self.args, web_port=self.port)
+            self.proc = worker(*self.args, web_port=self.port, extra=self.extra)
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -151,17 +172,25 @@ class Reconciled:
 
 
 def reconcile(bootstrap: str, prefix: str, truth_path: Path) -> Reconciled:
-    """Compare the refined topic with the simulator's truth of acknowledged raw batches."""
+    """Compare the refined topic with the simulator's truth of acknowledged raw batches.
+
+    With faults on, a malformed record (dead-lettered whole) is no batch to refine, the copies
+    of a duplicated batch share its tag and count once, and a batch whose every sample is bad
+    has nothing to refine: such a batch is lost only if it had good samples."""
     truth = load_truth(truth_path)
     sends = truth.sends.filter(pc.equal(truth.sends.column("stream"), "raw")).to_pylist()
-    acked = {s["tag"]: s["samples"] - s["bad_samples"] for s in sends}
+    acked = {
+        s["tag"]: s["samples"] - s["bad_samples"]
+        for s in sends
+        if s["kind"] != "malformed" and s["tag"]
+    }
     seen: dict[str, dict[tuple[int, int], int]] = defaultdict(dict)
     rows = read_all(bootstrap, prefix + "telemetry.refined", idle=6.0, timeout=120)
     for _, _, headers in rows:
         lineage = json.loads(dict(headers)["lineage"])
         tag = "|".join(str(lineage[k]) for k in ("node", "exporter", "instance", "boot_id", "seq"))
         seen[tag][(lineage["raw_partition"], lineage["raw_offset"])] = lineage["refined_samples"]
-    lost = [t for t in acked if t not in seen]
+    lost = [t for t, n in acked.items() if n > 0 and t not in seen]
     short = sum(max(0, n - max(seen[t].values(), default=0)) for t, n in acked.items() if t in seen)
     return Reconciled(
         acked=len(acked),
