@@ -7,6 +7,7 @@ import contextlib
 import importlib
 import importlib.util
 import json
+import math
 import random
 import shutil
 import subprocess
@@ -206,41 +207,35 @@ def bench_exporter(scrapes: int) -> BenchResult:
     return r
 
 
-SASL_ENTRY_POINTS = ("bench_sasl", "bench_sasl_vs_plaintext", "bench_security", "run_all")
-
-
 def bench_sasl(quick: bool) -> BenchResult:
-    """Calls services/security/bench.py when it exists; skipped (and says so) otherwise.
-    Every numeric value it returns becomes a figure, ratios included."""
+    """SASL_SSL (SCRAM-SHA-512 over TLS, ACLs enforced) against PLAINTEXT in one run
+    (:func:`services.security.bench.bench_sasl`): producer and consumer throughput of
+    simulator raw batches, client and broker CPU per million samples, and their ratios
+    (SASL_SSL / PLAINTEXT); without ``quick`` also the worker through each, whose ratios are
+    figures only when both workers drained."""
+    from services.security.bench import bench_sasl as run
+
     r = BenchResult("sasl")
-    if importlib.util.find_spec("services.security.bench") is None:
-        r.skipped = "services/security/bench.py is absent"
-        return r
-    mod = importlib.import_module("services.security.bench")
-    fn = next((getattr(mod, n) for n in SASL_ENTRY_POINTS if hasattr(mod, n)), None)
-    if fn is None:
-        r.skipped = f"services/security/bench.py has none of {', '.join(SASL_ENTRY_POINTS)}"
-        return r
-    try:
-        d = fn(quick=quick)
-    except TypeError:
-        d = fn()
-    if not isinstance(d, dict):
-        r.skipped = f"{fn.__name__} returned {type(d).__name__}, not a dict of figures"
-        return r
-    for k, v in _flatten(d).items():
-        if isinstance(v, int | float) and not isinstance(v, bool):
-            r.add(k, v, "x" if "ratio" in k else "")
-    r.details["raw"] = d
+    d = run(quick=quick)
+    note = "SASL_SSL / PLAINTEXT, same run"
+
+    def ratio(name: str, v: float | None) -> None:  # None: a denominator measured 0
+        r.add(name, math.nan if v is None else v, "x", note=note)
+
+    for way in ("produce", "consume"):
+        ratio(f"sasl_{way}_throughput_ratio", d[f"{way}_throughput_ratio"])
+        for who in ("total", "client", "broker"):
+            ratio(f"sasl_{way}_{who}_cpu_ratio", d[f"{way}_{who}_cpu_ratio"])
+        for mode in ("plaintext", "sasl_ssl"):
+            m = d[mode][way]
+            r.add(f"{mode}_{way}_samples_per_s", m["samples_per_s"], "samples/s")
+            for who in ("total", "client", "broker"):
+                key = f"{who}_cpu_s_per_million"
+                r.add(f"{mode}_{way}_{key}", m[key], "CPU-s/M samples")
+    w = d.get("worker")
+    if w is not None:  # a stalled worker has no rate: its ratios stay out of the figures
+        for k in ("throughput_ratio", "cpu_ratio"):
+            if w[k] is not None:
+                ratio(f"sasl_worker_{k}", w[k])
+    r.details.update(d)
     return r
-
-
-def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict):
-            out.update(_flatten(v, key + "_"))
-        else:
-            out[key] = v
-    return out
