@@ -30,9 +30,10 @@ BENCHMARKS = (
     "lake",
     "exporter",
     "alert_latency",
+    "alert_accuracy",
     "sasl",
 )
-NEEDS_KAFKA = {"worker_throughput", "freshness", "alert_latency"}
+NEEDS_KAFKA = {"worker_throughput", "freshness", "alert_latency", "alert_accuracy"}
 # benchmarks measured by one shared run
 SHARED_RUN = {n: ("freshness", "alert_latency") for n in ("freshness", "alert_latency")}
 
@@ -49,12 +50,13 @@ class Sizes:
     lake_rows: int
     scrapes: int
     worker_timeout_s: float
+    accuracy_s: int  # alert_accuracy run, simulated = wall seconds
 
     @classmethod
     def of(cls, quick: bool) -> Sizes:
         if quick:
-            return cls(300_000, 250, 40, 30, 1, 100_000, 20, 60.0)
-        return cls(4_000_000, 1000, 300, 60, 2, 2_000_000, 200, 300.0)
+            return cls(300_000, 250, 40, 30, 1, 100_000, 20, 60.0, 60)
+        return cls(4_000_000, 1000, 300, 60, 2, 2_000_000, 200, 300.0, 360)
 
 
 def add_parser(sub: Any) -> None:
@@ -176,6 +178,11 @@ def _plan(
 
         return [bench_worker_throughput(k, sizes.samples, timeout=sizes.worker_timeout_s)]
 
+    def accuracy() -> list[Any]:
+        from services.bench.accuracy import bench_alert_accuracy
+
+        return [bench_alert_accuracy(k, sizes.accuracy_s)]
+
     steps: dict[str, Step] = {
         "worker_throughput": throughput,
         "refine_memory": lambda: [local.bench_refine_memory(sizes.memory_sources)],
@@ -184,6 +191,7 @@ def _plan(
         "lake": lambda: [local.bench_lake(sizes.lake_rows)],
         "exporter": lambda: [local.bench_exporter(sizes.scrapes)],
         "alert_latency": pipeline,
+        "alert_accuracy": accuracy,
         "sasl": lambda: [local.bench_sasl(quick=sizes.samples < 1_000_000)],
     }
     return [(n, steps[n]) for n in names]

@@ -1,0 +1,187 @@
+"""Scoring alerts and episodes against simulator truth (services.bench.accuracy_match)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from services.bench.accuracy_match import detections, score
+
+S = 1_000_000_000
+RUN = (0, 120 * S)
+
+
+def incident(kind: str, start_s: float, end_s: float, **kw: Any) -> dict[str, Any]:
+    row: dict[str, Any] = {
+        "id": f"{kind}-000-00",
+        "kind": kind,
+        "node": None,
+        "device": None,
+        "switch": None,
+        "port": None,
+        "job": None,
+        "start_ns": int(start_s * S),
+        "end_ns": int(end_s * S),
+        "detail": json.dumps(kw.pop("detail", {})),
+    }
+    return row | kw
+
+
+def alert(
+    rule: str, entity: str, start_s: float, state: str = "firing", **kw: Any
+) -> dict[str, Any]:
+    doc: dict[str, Any] = {
+        "id": kw.pop("id", f"{rule}|{entity}|{start_s}"),
+        "rule": rule,
+        "state": state,
+        "entity": entity,
+        "starts_ns": int(start_s * S),
+        "ends_ns": None,
+        "evidence": {},
+    }
+    return doc | kw
+
+
+def episode(kind: str, entity: str, start_s: float, end_s: float | None = None) -> dict[str, Any]:
+    return {
+        "id": f"ep|{kind}|{entity}|{start_s}",
+        "kind": kind,
+        "state": "firing",
+        "entity": entity,
+        "start_ns": int(start_s * S),
+        "end_ns": None if end_s is None else int(end_s * S),
+    }
+
+
+def test_nothing_expected_and_nothing_fired_is_perfect() -> None:
+    r = score([], [], [], [], RUN)
+    assert (r.precision, r.recall, r.incident_recall) == (1.0, 1.0, 1.0)
+
+
+def test_xid_matches_on_entity_code_and_onset() -> None:
+    inc = [incident("xid", 30, 30, node="n1", device="gpu2", detail={"code": 79})]
+    good = alert("gpu_xid", "n1/gpu2", 30.2, evidence={"code": 79})
+    r = score(inc, [], [good], [], RUN)
+    assert (r.precision, r.recall, r.true_positive) == (1.0, 1.0, 1)
+
+    wrong_code = alert("gpu_xid", "n1/gpu2", 30.2, evidence={"code": 48})
+    wrong_gpu = alert("gpu_xid", "n1/gpu3", 30.2, evidence={"code": 79})
+    too_late = alert("gpu_xid", "n1/gpu2", 50, evidence={"code": 79})
+    r = score(inc, [], [wrong_code, wrong_gpu, too_late], [], RUN)
+    assert (r.precision, r.recall) == (0.0, 0.0)
+    assert r.unmatched_by_rule() == {"gpu_xid": 3}
+    assert r.missed == [
+        {"incident": "xid-000-00", "kind": "xid", "signal": "gpu_xid", "entity": "n1/gpu2"}
+    ]
+
+
+def test_throttle_needs_its_rule_and_an_episode_and_temp_high_is_optional() -> None:
+    inc = [incident("throttle", 20, 44, node="n1", device="gpu6", detail={"cause": "thermal"})]
+    rule = alert("gpu_thermal_throttle", "n1/gpu6", 20)
+    ep = episode("throttling", "n1/gpu6", 20, 44)
+    hot = alert("gpu_temp_high", "n1/gpu6", 40)
+    r = score(inc, [], [rule, hot], [ep], RUN)
+    assert (r.precision, r.recall, r.incident_recall) == (1.0, 1.0, 1.0)
+    assert r.by_kind["throttle"].detections == 3
+
+    r = score(inc, [], [rule], [], RUN)  # no episode: half the signals, incident not detected
+    assert (r.recall, r.incident_recall) == (0.5, 0.0)
+    assert r.missed_by_kind() == {"throttle": 1}
+
+    power = [incident("throttle", 20, 44, node="n1", device="gpu6", detail={"cause": "power"})]
+    r = score(power, [], [rule], [ep], RUN)  # the thermal rule for a power cap is wrong
+    assert r.unmatched_by_rule() == {"gpu_thermal_throttle": 1}
+    assert r.recall == 0.5
+
+
+def test_pfc_storm_needs_the_port_episode_and_a_straggler_naming_it() -> None:
+    inc = [
+        incident(
+            "pfc_storm",
+            30,
+            54,
+            node="n3",
+            device="mlx5_1/1",
+            switch="leaf-p0-r1",
+            port="3",
+            job="job-101",
+            detail={"jobs": ["job-101"], "nodes": ["n3"], "priority": 3},
+        )
+    ]
+    ep = episode("congestion", "leaf-p0-r1/3/prio3", 30, 54)
+    cause = {"episode_kind": "congestion", "port": "leaf-p0-r1/3"}
+    strag = alert("nccl_straggler", "job/job-101", 31, job="job-101", evidence=cause)
+    r = score(inc, [], [strag], [ep], RUN)
+    assert (r.precision, r.recall) == (1.0, 1.0)
+
+    other_port = episode("congestion", "leaf-p0-r1/4/prio3", 30, 54)
+    no_cause = alert("nccl_straggler", "job/job-101", 31, evidence={"cause": "none found"})
+    r = score(inc, [], [no_cause], [other_port], RUN)
+    assert (r.precision, r.recall) == (0.0, 0.0)
+    assert {m["signal"] for m in r.missed} == {"episode:congestion", "nccl_straggler"}
+
+
+def test_a_consumer_keyed_on_id_sees_one_detection_per_id() -> None:
+    fire = alert("nic_link_down", "n5/mlx5_7/1", 13, id="a1")
+    done = alert("nic_link_down", "n5/mlx5_7/1", 13, state="resolved", id="a1", ends_ns=16 * S)
+    ds = detections([fire, fire, done, done], [])  # a replay re-emits the same records
+    assert [(d.id, d.end_ns) for d in ds] == [("a1", 16 * S)]
+    inc = [incident("link_flap", 13, 16, node="n5", device="mlx5_7/1")]
+    r = score(inc, [], [fire, done, fire], [], RUN)
+    assert (r.detections, r.precision, r.recall, r.redundant) == (1, 1.0, 1.0, [])
+
+    refire = alert("nic_link_down", "n5/mlx5_7/1", 14, id="a2")  # the same outage twice
+    r = score(inc, [], [fire, refire], [], RUN)
+    assert r.redundant == [{"incident": "link_flap-000-00", "signal": "nic_link_down",
+                            "ids": ["a1", "a2"]}]  # fmt: skip
+
+
+def test_clock_offsets_from_the_clock_truth() -> None:
+    clocks = [
+        {"node": "bad", "offset_ns": 2 * S, "drift_ppm": 0.0, "synced": False, "steps": []},
+        {"node": "edge", "offset_ns": -980_000_000, "drift_ppm": 0.0, "synced": False,
+         "steps": []},
+        {"node": "good", "offset_ns": 40_000, "drift_ppm": 0.1, "synced": True, "steps": []},
+        {"node": "stepped", "offset_ns": 0, "drift_ppm": 0.0, "synced": False,
+         "steps": [{"at_ns": 60 * S, "step_ns": 5 * S}]},
+    ]  # fmt: skip
+    fired = [
+        alert("clock_offset", "bad|gpu|0", 1, node="bad"),
+        alert("clock_offset", "bad|nic|0", 1, node="bad"),
+        alert("clock_offset", "edge|nic|0", 1, node="edge"),
+        alert("clock_offset", "good|nic|0", 1, node="good"),
+        alert("clock_offset", "stepped|nic|0", 61, node="stepped"),
+    ]
+    r = score([], clocks, fired, [], RUN)
+    # "edge" is within the band around 1 s: allowed, not required; "good" never was off
+    assert r.unmatched == [next(d.short() for d in detections(fired, []) if d.node == "good")]
+    assert (r.signals, r.signals_met) == (2, 2)
+    r = score([], clocks, fired[:1], [], RUN)
+    assert r.missed == [
+        {"incident": "clock-stepped", "kind": "clock", "signal": "clock_offset",
+         "entity": "stepped|*"}
+    ]  # fmt: skip
+    early = alert("clock_offset", "stepped|nic|0", 10, node="stepped", id="e")
+    ended = alert("clock_offset", "stepped|nic|0", 10, "resolved", id="e", ends_ns=12 * S)
+    r = score([], clocks, [early, ended], [], RUN)  # resolved before the step: not about it
+    assert r.precision == 0.0
+
+
+def test_reset_and_run_end_silences_and_wraps() -> None:
+    inc = [
+        incident("reset", 26, 29, node="n2"),
+        incident("wrap", 33, 34, node="n0", device="mlx5_4/1"),
+        incident("xid", 200, 200, node="n1", device="gpu0"),  # after the run: never happened
+    ]
+    silent_reset = alert("exporter_silent", "n2|gpu|0", 29)
+    silent_end = alert("exporter_silent", "n4|gpu|0", 119.5)
+    silent_other = alert("exporter_silent", "n4|gpu|0", 29)
+    r = score(inc, [], [silent_reset, silent_end], [], RUN)
+    assert (r.precision, r.recall, r.incidents, r.detections) == (1.0, 1.0, 0, 1)
+    assert [e["entity"] for e in r.excluded] == ["n4|gpu|0"]
+    assert set(r.by_kind) == {"reset", "wrap"}
+    r = score(inc, [], [], [], RUN)  # a reset need not alert
+    assert r.recall == 1.0
+    wrapped = alert("nic_counter_jump", "n0/mlx5_4/1", 33)
+    r = score(inc, [], [silent_other, wrapped], [], RUN)
+    assert r.unmatched_by_rule() == {"exporter_silent": 1, "nic_counter_jump": 1}
