@@ -149,23 +149,32 @@ class EpisodeTracker:
 
     # --- input ---------------------------------------------------------------------------
 
-    def update(self, refined: pa.Table, now_ns: int) -> list[Episode]:
-        """Fold one refined batch in; returns the episodes opened or closed by it."""
-        out = self._congestion(refined, now_ns) + self._throttling(refined, now_ns)
-        if refined.num_rows:
-            out += self._close_quiet(int(pc.max(column(refined, "ts")).as_py()), now_ns)
+    def update(self, refined: pa.Table, now_ns: int, until_ns: int | None = None) -> list[Episode]:
+        """Fold one refined batch in; returns the episodes opened or closed by it. Episodes
+        quiet at ``until_ns`` close: pass the time every input has reached (the caller's low
+        watermark) when batches of several partitions interleave — a batch's own newest
+        ``ts`` (the default) is only safe for one time-ordered stream. Firing records carry
+        the batch's peaks and members."""
+        opened: list[OpenEpisode] = []
+        self._congestion(refined, opened)
+        self._throttling(refined, opened)
+        out = [e.record(AlertState.FIRING, now_ns) for e in opened]
+        if until_ns is None and refined.num_rows:
+            until_ns = int(pc.max(column(refined, "ts")).as_py())
+        if until_ns is not None:
+            out += self._close_quiet(until_ns, now_ns)
         return out
 
     def tick(self, now_ns: int) -> list[Episode]:
         """Close episodes quiet at ``now_ns`` (also when their ports stopped reporting)."""
         return self._close_quiet(now_ns, now_ns)
 
-    def _congestion(self, refined: pa.Table, now_ns: int) -> list[Episode]:
+    def _congestion(self, refined: pa.Table, opened: list[OpenEpisode]) -> None:
         th = self.settings.thresholds
         t = refined.filter(pc.is_in(column(refined, "metric"), value_set=pa.array(list(th))))
         t = t.filter(pc.is_valid(column(t, "rate"))) if t.num_rows else t
         if t.num_rows == 0:
-            return []
+            return
         key, prio = _port_keys(t)
         limit = pc.take(
             pa.array(list(th.values())), pc.index_in(column(t, "metric"), pa.array(list(th)))
@@ -188,7 +197,7 @@ class EpisodeTracker:
         )
         t = t.filter(pc.or_(hot, pc.is_in(t["port"], value_set=self._open_ports())))
         if t.num_rows == 0:
-            return []
+            return
         g = t.group_by(["port", "prio", "metric"]).aggregate([("rate", "max")])
         h = t.filter(t["hot"]).group_by(["port", "prio"]).aggregate([("ts", "min"), ("ts", "max")])
         who = t.group_by(["port"]).aggregate(
@@ -198,7 +207,6 @@ class EpisodeTracker:
         peaks: dict[tuple[str, int | None], dict[str, float]] = {}
         for r in g.to_pylist():
             peaks.setdefault((r["port"], r["prio"]), {})[r["metric"]] = float(r["rate_max"])
-        out: list[Episode] = []
         hot_rows = sorted(h.to_pylist(), key=lambda r: (r["prio"] is None, r["port"]))
         for r in hot_rows:
             port, p = r["port"], r["prio"]
@@ -208,7 +216,7 @@ class EpisodeTracker:
                 e = self.open.get(ent)
                 if e is None:
                     e = self._open("congestion", ent, port, p, int(r["ts_min"]))
-                    out.append(e.record(AlertState.FIRING, now_ns))
+                    opened.append(e)
                 targets = [e]
             for e in targets:
                 e.last_active_ns = max(e.last_active_ns, int(r["ts_max"]))
@@ -223,20 +231,18 @@ class EpisodeTracker:
                 _add(e.nics, mem["nic_distinct"])
                 _add(e.nodes, mem["node_distinct"])
                 _add(e.jobs, mem["job_distinct"])
-        return out
 
-    def _throttling(self, refined: pa.Table, now_ns: int) -> list[Episode]:
+    def _throttling(self, refined: pa.Table, opened: list[OpenEpisode]) -> None:
         m = column(refined, "metric")
         t = refined.filter(true_mask(pc.equal(m, THROTTLE_METRIC)))
         t = t.filter(pc.is_valid(column(t, "value"))) if t.num_rows else t
         if t.num_rows == 0:
-            return []
+            return
         bits = pc.bit_wise_and(pc.cast(column(t, "value"), pa.int64(), safe=False), THROTTLE_BITS)
         key = pc.binary_join_element_wise(column(t, "node"), column(t, "device"), "/")
         tt = pa.table({"key": key, "bits": bits, "ts": column(t, "ts"), "job": column(t, "job")})
         tt = tt.append_column("node", column(t, "node"))
         hot = tt.filter(pc.not_equal(tt["bits"], 0))
-        out: list[Episode] = []
         agg = hot.group_by(["key"]).aggregate(
             [("ts", "min"), ("ts", "max"), ("bits", "distinct"), ("job", "distinct")]
         )
@@ -246,7 +252,7 @@ class EpisodeTracker:
             if e is None:
                 e = self._open("throttling", ent, ent, None, int(r["ts_min"]))
                 e.nodes = [ent.split("/")[0]]
-                out.append(e.record(AlertState.FIRING, now_ns))
+                opened.append(e)
             e.last_active_ns = max(e.last_active_ns, int(r["ts_max"]))
             b = int(e.peak.get(THROTTLE_METRIC, 0))
             for x in r["bits_distinct"]:
@@ -254,7 +260,6 @@ class EpisodeTracker:
             e.peak[THROTTLE_METRIC] = float(b)
             _add(e.jobs, r["job_distinct"])
         self._gpu_peaks(refined)
-        return out
 
     def _gpu_peaks(self, refined: pa.Table) -> None:
         keys = [k for k, e in self.open.items() if e.kind == "throttling"]
@@ -277,8 +282,12 @@ class EpisodeTracker:
                 e.peak[r["metric"]] = max(e.peak.get(r["metric"], 0.0), float(r["value_max"]))
 
     def _open(self, kind: str, ent: str, port: str, prio: int | None, start: int) -> OpenEpisode:
-        b = start // self.settings.bucket_ns
-        e = OpenEpisode(stable_id("episode", kind, ent, b), kind, ent, port, prio, start, start)
+        eid = stable_id("episode", kind, ent, start // self.settings.bucket_ns)
+        if any(r.id == eid for r in self.recent):
+            # a second episode of the entity in one bucket: its own id, still a function of
+            # the data (a replay rebuilds the same recent episodes)
+            eid = stable_id("episode", kind, ent, "at", start)
+        e = OpenEpisode(eid, kind, ent, port, prio, start, start)
         self.open[ent] = e
         return e
 

@@ -5,6 +5,12 @@ episodes, cross-layer straggler alerts and rollups.
 service (:mod:`services.detect.service`) feeds it records in arrival order and publishes
 what it returns. Everything it emits carries stable ids derived from data time, so a replay
 of the same input yields the same ids and consumers deduplicate on ``(id, state)``.
+
+Time: refined batches of several partitions interleave, and after a restart or during a
+backlog one partition may be read minutes ahead of another. Whatever is judged on data time
+— an episode gone quiet, a straggler's cause, a silent source — waits for the **watermark**:
+the data time every refined partition has reached, which the service computes and hands to
+:meth:`Detector.advance`. The newest ``ts`` of any one batch says nothing about the others.
 """
 
 from __future__ import annotations
@@ -55,10 +61,11 @@ class Detector:
         self.episodes = EpisodeTracker(episodes or EpisodeSettings())
         self.stragglers = StragglerDetector([], topology)
         self.rollup = Rollup(rollups or RollupSettings())
-        self.watermark = 0  # newest aligned ts seen in refined data
+        self.watermark = 0  # aligned ts every refined partition has reached (see advance)
+        self.newest = 0  # newest aligned ts seen in any refined batch
         self.grace_ns = grace_ns
         self._held: list[pa.Table] = []
-        self._held_at: int | None = None
+        self._stalled_since: int | None = None  # wall ns since when held data waits in vain
 
     def set_topology(self, topology: PathLookup) -> None:
         self.stragglers.topology = topology
@@ -70,15 +77,23 @@ class Detector:
     def on_refined(self, table: pa.Table, now_ns: int) -> Emitted:
         out = Emitted()
         out.alerts += self.engine.evaluate(table, now_ns)
-        out.episodes += self.episodes.update(table, now_ns)
+        out.episodes += self.episodes.update(table, now_ns, until_ns=self.watermark)
         rolled = self.rollup.update(table)
         if rolled.num_rows:
             out.rollups.append(rolled)
         # clock alerts come from the refining stage (it sees every batch's clock estimate)
         if table.num_rows:
-            self.watermark = max(self.watermark, int(pc.max(table.column("ts")).as_py()))
-        out.extend(self._release_collectives(now_ns))
+            self.newest = max(self.newest, int(pc.max(table.column("ts")).as_py()))
         return out
+
+    def advance(self, watermark_ns: int, now_ns: int) -> Emitted:
+        """Every refined partition has reached ``watermark_ns`` (aligned ts): judge the
+        collectives it covers. ``now_ns`` (wall) only stamps records and times stalls.
+        The watermark never moves back."""
+        if watermark_ns > self.watermark:
+            self.watermark = watermark_ns
+            self._stalled_since = None
+        return self._release_collectives(now_ns)
 
     def on_events(self, table: pa.Table, now_ns: int) -> Emitted:
         """Aligned events (``ts`` aligned, ``node`` column): onsets of XIDs, link flaps..."""
@@ -101,8 +116,6 @@ class Detector:
         if not ready:
             return Emitted()
         self._held = [t for t in self._held if not any(t is r for r in ready)]
-        if not self._held:
-            self._held_at = None
         coll = pa.concat_tables(ready)
         return Emitted(alerts=self.stragglers.update(coll, self.episodes.all_episodes(), now_ns))
 
@@ -110,14 +123,15 @@ class Detector:
         self.engine.on_deadletters(count, now_ns)
 
     def tick(self, now_ns: int) -> Emitted:
-        """Time-driven changes, judged on data time (the newest aligned sample seen), so that
-        catching up on a backlog does not make every source look silent or close episodes
-        early; a whole pipeline going quiet is the freshness rule's business. Collectives
-        held for more than ``4 x grace`` of wall time without refined data are judged anyway."""
+        """Time-driven changes, judged on data time (the watermark), so that catching up on
+        a backlog does not make every source look silent or close episodes early; a whole
+        pipeline going quiet is the freshness rule's business. Collectives are judged anyway
+        once the watermark has not moved for ``4 x grace`` of wall time (``now_ns``) while
+        they wait: refined data stopped, and it is only ever judged once."""
         out = Emitted()
         if self._held:
-            self._held_at = self._held_at or now_ns
-            if now_ns - self._held_at > 4 * self.grace_ns:
+            self._stalled_since = self._stalled_since or now_ns
+            if now_ns - self._stalled_since > 4 * self.grace_ns:
                 out.extend(self._release_collectives(now_ns, force=True))
         if self.watermark:
             out.alerts += self.engine.tick(self.watermark)

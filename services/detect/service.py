@@ -12,6 +12,13 @@ partition by ``lookback_s`` of broker time before its committed offset and repla
 *without publishing* (warm-up), then publishes from the committed offset on. Alert and episode
 ids derive from data time, so the warmed-up state continues the same ids. A refined batch
 whose raw position was already seen (a refiner replay) is skipped by lineage.
+
+Watermark: per assigned refined partition the loop keeps the next offset to read and the
+newest aligned ts read. The data time every partition has reached is the least newest ts of
+the partitions that still have records to read (their high watermark, as last fetched, is
+ahead of what was read); when none has, the newest ts read. It is handed to
+:meth:`Detector.advance` after every poll: one partition read ahead during a backlog must
+not close the episodes, or judge the stragglers, of another.
 """
 
 from __future__ import annotations
@@ -19,7 +26,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -74,6 +81,8 @@ class DetectService:
         self.lookback_ms = int(lookback_s * 1000)
         self._emit_from: dict[tuple[str, int], int] = {}
         self._raw_seen: dict[int, int] = {}
+        self._next: dict[int, int] = {}  # refined partition -> next offset to read
+        self._latest: dict[int, int] = {}  # refined partition -> newest aligned ts read
         self.stats = {"alerts": 0, "episodes": 0, "rollups": 0, "records": 0, "warmup": 0}
 
     def run(self, stop: Callable[[], bool], idle_exit_s: float | None = None) -> int:
@@ -137,6 +146,9 @@ class DetectService:
                     self._publish(producer, out)
                 if msgs:
                     last_data = time.monotonic()
+                wm = self._watermark(consumer)
+                if wm is not None:
+                    self._publish(producer, self.detector.advance(wm, time.time_ns()))
                 if time.monotonic() - last_tick >= 1.0:
                     last_tick = time.monotonic()
                     self._publish(producer, self.detector.tick(time.time_ns()))
@@ -158,7 +170,13 @@ class DetectService:
         def on_assign(c: Any, parts: list[Any]) -> None:
             committed = consumer.committed(parts, timeout=10)
             starts = []
+            self._next = {}
             for tp in committed:
+                if tp.topic == self.topics.refined:
+                    first = tp.offset
+                    if first < 0:  # from the beginning: the oldest offset still there
+                        first = (consumer.get_watermark_offsets(tp, timeout=10) or (0, 0))[0]
+                    self._next[tp.partition] = first
                 if tp.offset < 0:  # nothing committed: read (and publish) from the start
                     self._emit_from[(tp.topic, tp.partition)] = 0
                     starts.append(TopicPartition(tp.topic, tp.partition, OFFSET_BEGINNING))
@@ -170,6 +188,8 @@ class DetectService:
                 )[0]
                 start = tp.offset if found.offset < 0 else min(found.offset, tp.offset)
                 starts.append(TopicPartition(tp.topic, tp.partition, start))
+                if tp.topic == self.topics.refined:
+                    self._next[tp.partition] = start
             c.assign(starts)
 
         return on_assign
@@ -184,8 +204,12 @@ class DetectService:
             return Emitted()
         table = pa.ipc.open_stream(m.value()).read_all()
         if topic == self.topics.refined:
+            p = m.partition()
+            self._next[p] = m.offset() + 1
             if table.num_rows == 0:
                 return Emitted()
+            newest = int(pc.max(table.column("ts")).as_py())
+            self._latest[p] = max(self._latest.get(p, newest), newest)
             part = int(table.column("raw_partition")[0].as_py())
             off = int(table.column("raw_offset")[0].as_py())
             if off <= self._raw_seen.get(part, -1):
@@ -195,6 +219,17 @@ class DetectService:
         if topic == self.topics.events:
             return self.detector.on_events(table, now)
         return self.detector.on_collectives(table, now)
+
+    def _watermark(self, consumer: Any) -> int | None:
+        """:func:`low_watermark` of the assigned refined partitions, with their high
+        watermarks as last fetched (no broker round trip)."""
+        from confluent_kafka import TopicPartition
+
+        high = {}
+        for p in self._next:
+            tp = TopicPartition(self.topics.refined, p)
+            high[p] = (consumer.get_watermark_offsets(tp, cached=True) or (-1, -1))[1]
+        return low_watermark(self._next, high, self._latest)
 
     def _publish(self, producer: Any, out: Emitted) -> None:
         for a in out.alerts:
@@ -237,3 +272,33 @@ class DetectService:
                 asynchronous=False,
             )
             pending.clear()
+
+
+def low_watermark(
+    next_offset: Mapping[int, int], high: Mapping[int, int], latest: Mapping[int, int]
+) -> int | None:
+    """The data time every partition has reached, from per partition the next offset to
+    read, the high watermark (negative: not known yet) and the newest ts read: the least
+    newest ts of the partitions with records left to read, or the newest ts read when none
+    has. None while unknown (a high watermark not known, or records left in a partition of
+    which none was read).
+
+    >>> low_watermark({0: 5, 1: 9}, {0: 9, 1: 9}, {0: 100, 1: 160})  # 0 has 4 left
+    100
+    >>> low_watermark({0: 9, 1: 9}, {0: 9, 1: 9}, {0: 100, 1: 160})  # all read
+    160
+    >>> low_watermark({0: 0, 1: 9}, {0: 3, 1: 9}, {1: 160}) is None  # 0 not read yet
+    True
+    """
+    behind: list[int] = []
+    for p, nxt in next_offset.items():
+        hi = high.get(p, -1)
+        if hi < 0:
+            return None
+        if nxt < hi:
+            if p not in latest:
+                return None
+            behind.append(latest[p])
+    if behind:
+        return min(behind)
+    return max(latest.values(), default=None)

@@ -1,0 +1,127 @@
+"""Detect judges data time by the watermark every refined partition has reached: a partition
+read ahead (a backlog, a restart's warm-up) neither closes another's episodes nor judges
+stragglers before the congestion on their path is known. Episode records carry their peaks
+from the first one; two episodes of one entity never share an id."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pyarrow as pa
+
+from pipelines.episodes import EpisodeSettings, EpisodeTracker
+from schemas.catalog import default_catalog
+from schemas.records import Episode
+from services.detect.detector import Detector, Emitted
+from services.detect.service import low_watermark
+from tests.unit.derived_helpers import T0, S, batches, refined, series
+from tests.unit.test_stragglers import PLACEMENT, Topo, collectives
+
+ENR = {"leaf": "leaf-p0-r3", "leaf_port": "2", "nic": "mlx5_3", "job": "j1"}
+
+
+def storm_rows(seconds: int, calm: int = 0, node: str = "n2") -> list[dict[str, Any]]:
+    pause = [1.2e5] * seconds + [5.0] * calm
+    return series(node, "mlx5_3/1/prio3", "nic.rx_prio_pause", pause, field="rate", **ENR)
+
+
+def other_node(t0_s: int, seconds: int) -> list[pa.Table]:
+    """A clean node whose partition was read far ahead."""
+    temps = [60.0 + i % 3 for i in range(seconds)]
+    rows = series("n0", "gpu0", "gpu.temp", temps, t0=T0 + t0_s * S)
+    return [t for _, t in batches(rows)]
+
+
+def test_a_partition_read_ahead_does_not_close_another_partitions_episode() -> None:
+    d = Detector(default_catalog())
+    out = Emitted()
+    for now, t in batches(storm_rows(10)):
+        out.extend(d.on_refined(t, now))
+        out.extend(d.advance(int(t.column("ts")[0].as_py()), now))
+    for t in other_node(100, 5):  # 90 s ahead of the storm's partition, which is behind
+        out.extend(d.on_refined(t, T0))
+        out.extend(d.tick(T0))
+    assert [e.state.value for e in out.episodes] == ["firing"]
+    rest = [t for _, t in batches(storm_rows(20, calm=45))][10:]
+    for t in rest:  # the storm's partition catches up: one episode, closed once
+        out.extend(d.on_refined(t, T0))
+        out.extend(d.advance(int(t.column("ts")[0].as_py()), T0))
+    out.extend(d.tick(T0))
+    eps = out.episodes
+    assert [e.state.value for e in eps] == ["firing", "resolved"]
+    assert eps[0].id == eps[1].id and eps[1].end_ns == T0 + 19 * S
+
+
+def test_stragglers_wait_for_the_congestion_on_their_path() -> None:
+    d = Detector(default_catalog(), topology=Topo())
+    d.set_jobs([PLACEMENT])
+    out = Emitted()
+    # collectives of 0-9 s arrive first; rank 11 (n2, gpu3 → leaf-p0-r3 port 2) is late
+    for t in collectives(range(10)):
+        out.extend(d.on_collectives(t, T0))
+    for t in other_node(0, 30):  # another partition's refined data is far ahead already
+        out.extend(d.on_refined(t, T0))
+    assert out.alerts == []
+    for now, t in batches(storm_rows(20)):  # the storm's partition, behind until now
+        out.extend(d.on_refined(t, now))
+        out.extend(d.advance(int(t.column("ts")[0].as_py()), now))
+    (a,) = out.alerts
+    assert a.rule == "nccl_straggler" and a.cause is not None
+    assert a.cause.startswith("PFC storm on leaf-p0-r3 port 2"), a.cause
+
+
+def test_held_collectives_are_forced_out_only_when_the_watermark_stalls() -> None:
+    d = Detector(default_catalog(), topology=Topo(), grace_ns=3 * S)
+    d.set_jobs([PLACEMENT])
+    for t in collectives(range(3, 6)):
+        d.on_collectives(t, T0)
+    wall = T0
+    for k in range(20):  # refined data keeps coming, 4 s behind the collectives
+        wall += S
+        d.advance(T0 + k * S // 10, wall)
+        assert d.tick(wall).alerts == []
+    assert d.tick(wall + 11 * S).alerts == []  # then refined data stops: 11 s is patience
+    (a,) = d.tick(wall + 13 * S).alerts  # 13 s: judged anyway, with what is known
+    assert a.rule == "nccl_straggler" and a.cause == "none found"
+
+
+def test_low_watermark_is_the_slowest_partition_with_records_left() -> None:
+    assert low_watermark({}, {}, {}) is None
+    assert low_watermark({0: 0, 1: 0}, {0: 0, 1: -1}, {}) is None  # 1 not fetched yet
+    assert low_watermark({0: 0, 1: 4}, {0: 0, 1: 4}, {1: 7}) == 7  # 0 is empty
+    assert low_watermark({0: 2, 1: 4, 2: 3}, {0: 9, 1: 9, 2: 3}, {0: 5, 1: 3, 2: 99}) == 3
+
+
+def test_firing_records_carry_the_first_batch_peaks() -> None:
+    tr = EpisodeTracker()
+    rows = storm_rows(3)
+    rows += series("n3", "gpu5", "gpu.clock_event_reasons", [float(0x84)] * 3, job="j7")
+    fired: list[Episode] = []
+    for now, t in batches(rows):
+        fired += tr.update(t, now)
+    cong, thr = sorted(fired, key=lambda e: e.kind)
+    assert cong.peak["nic.rx_prio_pause"] == 1.2e5 and cong.nodes == ["n2"]
+    assert cong.cause_hint is not None and cong.cause_hint.startswith("PFC storm")
+    assert thr.peak["gpu.clock_event_reasons"] == 0x84
+    assert thr.cause_hint is not None and thr.cause_hint.startswith("power throttling")
+
+
+def test_two_episodes_of_one_entity_in_one_id_bucket_have_two_ids() -> None:
+    base = (T0 // (60 * S) + 1) * 60 * S  # the start of a minute
+    pause = [1e5] * 5 + [0.0] * 10 + [1e5] * 5 + [0.0] * 20
+    rows = series("n1", "mlx5_1/1/prio3", "nic.rx_prio_pause", pause, t0=base, field="rate")
+    tr = EpisodeTracker(EpisodeSettings(quiet_ns=5 * S))
+    out: list[Episode] = []
+    for now, t in batches(rows):
+        out += tr.update(t, now)
+    assert [e.state.value for e in out] == ["firing", "resolved", "firing", "resolved"]
+    assert out[0].id == out[1].id != out[2].id == out[3].id
+    again = EpisodeTracker(EpisodeSettings(quiet_ns=5 * S))  # a replay: the same ids
+    replay = [e for now, t in batches(rows) for e in again.update(t, now)]
+    assert [e.id for e in replay] == [e.id for e in out]
+
+
+def test_an_empty_batch_changes_nothing() -> None:
+    d = Detector(default_catalog())
+    assert d.on_refined(refined([]), T0) == Emitted()
+    assert d.advance(0, T0) == Emitted() and d.tick(T0) == Emitted()
