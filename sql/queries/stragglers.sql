@@ -28,10 +28,12 @@ slow AS (
     SELECT * FROM c WHERE skew_ns > $skew_ms * 1e6
 ),
 enrich_nic AS (  -- the GPU -> NIC affinity the refiner enriched samples with
+    -- (only the stragglers' GPUs are looked up: the scan then reads only their nodes' rows)
     SELECT node, device, any_value(nic) AS nic, any_value(leaf) AS leaf,
            any_value(leaf_port) AS leaf_port, any_value(rail) AS rail
     FROM samples
     WHERE device LIKE 'gpu%' AND nic IS NOT NULL
+      AND (node, device) IN (SELECT node, device FROM slow)
     GROUP BY node, device
 ),
 with_nic AS (
@@ -59,7 +61,9 @@ with_port AS (
     ASOF LEFT JOIN nic_links AS l
         ON w.node = l.node AND w.nic = l.nic AND w.ts_ns >= l.valid_from
 ),
-congestion AS (
+congestion AS MATERIALIZED (
+    -- Only buckets a straggler can fall in are joined, and every such bucket lies within
+    -- window_s of the window: reading just that span gives the same per-bucket sums.
     SELECT node, coalesce(nic, nic_dev) AS nic, leaf, leaf_port,
            ts // (CAST($window_s AS BIGINT) * 1000000000) AS bucket,
            string_agg(DISTINCT node || ':' || port, ',' ORDER BY node || ':' || port) AS ports,
@@ -74,6 +78,12 @@ congestion AS (
                      'rdma.np_ecn_marked_roce_packets', 'rdma.np_cnp_sent',
                      'rdma.rp_cnp_handled', 'ib.port_xmit_wait')
       AND coalesce(delta, 0) > 0
+      AND ts > greatest(epoch_ns(CAST($start AS TIMESTAMP)), -9223372036854775807
+                        + CAST($window_s AS BIGINT) * 1000000000)
+               - CAST($window_s AS BIGINT) * 1000000000
+      AND ts < least(epoch_ns(CAST($end AS TIMESTAMP)), 9223372036854775807
+                     - CAST($window_s AS BIGINT) * 1000000000)
+               + CAST($window_s AS BIGINT) * 1000000000
     GROUP BY ALL
 ),
 on_nic AS (
