@@ -6,26 +6,51 @@
 -- param: start = 1970-01-01 00:00:00 | window start (UTC)
 -- param: end = 2262-01-01 00:00:00 | window end, exclusive (UTC)
 -- param: gap_factor = 3.0 | a gap is an interval longer than this times the series' median
-WITH s AS (
-    SELECT * FROM samples
+-- Plan: the samples of each series are gathered into one sorted list by a hash aggregation,
+-- and intervals, medians and gaps are list operations per series (a window sort over every
+-- sample costs several times more). Duplicates can only be where an interval is 0: the exact
+-- group-by runs on those series alone.
+WITH s AS NOT MATERIALIZED (
+    SELECT node, device, metric, exporter, instance, ts, reset, clock_offset_ns,
+           clock_error_ns, late
+    FROM samples
     WHERE ts >= epoch_ns(CAST($start AS TIMESTAMP)) AND ts < epoch_ns(CAST($end AS TIMESTAMP))
 ),
-iv AS (
-    SELECT node, device, metric, ts,
-           ts - lag(ts) OVER (PARTITION BY node, device, metric, exporter ORDER BY ts) AS dt
-    FROM s
+iv AS MATERIALIZED (  -- per (node, device, metric, exporter): intervals between its samples
+    SELECT node, device, metric, exporter, list_transform(t[2:], lambda x, i: x - t[i]) AS dt
+    FROM (
+        SELECT node, device, metric, exporter, list_sort(list(ts)) AS t
+        FROM s
+        GROUP BY node, device, metric, exporter
+    )
 ),
-med AS (
-    SELECT node, device, metric, median(dt) AS med_dt FROM iv WHERE dt > 0 GROUP BY ALL
+by_series AS (  -- per (node, device, metric): every exporter's intervals
+    SELECT iv.node, iv.device, iv.metric, iv.dt
+    FROM iv
+    JOIN (SELECT node, device, metric FROM iv GROUP BY ALL HAVING count(*) = 1) AS one
+        USING (node, device, metric)
+    UNION ALL
+    SELECT node, device, metric, flatten(list(dt))
+    FROM iv
+    JOIN (SELECT node, device, metric FROM iv GROUP BY ALL HAVING count(*) > 1) AS many
+        USING (node, device, metric)
+    GROUP BY node, device, metric
+),
+med AS (  -- the median interval above 0
+    SELECT *, list_median(list_filter(dt, lambda x: x > 0)) AS med_dt FROM by_series
 ),
 gaps AS (
-    SELECT 'gap' AS "check", iv.node || '/' || iv.device || '/' || iv.metric AS subject,
-           count(*) AS count, max(iv.dt) / 1e9 AS value,
-           'longest gap s; median interval ' || round(any_value(med.med_dt) / 1e9, 3) || ' s'
+    SELECT 'gap' AS "check", subject,
+           sum(len(g))::BIGINT AS count, max(list_max(g)) / 1e9 AS value,
+           'longest gap s; median interval ' || round(any_value(med_dt) / 1e9, 3) || ' s'
                AS detail
-    FROM iv JOIN med USING (node, device, metric)
-    WHERE iv.dt > $gap_factor * med.med_dt
-    GROUP BY ALL
+    FROM (
+        SELECT node || '/' || device || '/' || metric AS subject, med_dt,
+               list_filter(dt, lambda x: x > $gap_factor * med_dt) AS g
+        FROM med
+    )
+    WHERE len(g) > 0
+    GROUP BY subject
 ),
 resets AS (
     SELECT 'reset', node || '/' || metric, count(*), count(DISTINCT device)::DOUBLE,
@@ -45,7 +70,12 @@ dup_lake AS (
     SELECT 'duplicate_in_lake', node || '/' || metric, sum(n - 1)::BIGINT, max(n)::DOUBLE,
            'rows sharing (node, device, metric, ts, exporter, instance); value = max copies'
     FROM (SELECT node, device, metric, ts, exporter, instance, count(*) AS n
-          FROM s GROUP BY ALL HAVING count(*) > 1)
+          FROM s
+          SEMI JOIN (SELECT * FROM iv WHERE list_contains(dt, 0)) AS d
+              ON s.node IS NOT DISTINCT FROM d.node AND s.device IS NOT DISTINCT FROM d.device
+             AND s.metric IS NOT DISTINCT FROM d.metric
+             AND s.exporter IS NOT DISTINCT FROM d.exporter
+          GROUP BY ALL HAVING count(*) > 1)
     GROUP BY node, metric
 ),
 dead AS (
