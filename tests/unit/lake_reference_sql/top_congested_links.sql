@@ -1,0 +1,69 @@
+-- name: top_congested_links
+-- description: Links ranked by congestion over a window, per rail and switch port: PFC pause
+--   frames and paused time received, ECN-marked RoCE packets, CNPs sent and handled, and
+--   InfiniBand XmitWait. Each sample is labelled with the topology valid at its time (ASOF on
+--   valid_from), falling back to the enrichment it landed with. score sums, over the six
+--   signals, each link's total divided by the largest link's total (0..6).
+-- param: start = 1970-01-01 00:00:00 | window start (UTC)
+-- param: end = 2262-01-01 00:00:00 | window end, exclusive (UTC)
+-- param: limit = 20 | links to return
+WITH c AS (
+    SELECT node, ts, metric, delta, rate, port, nic_dev,
+           rail AS s_rail, leaf AS s_leaf, leaf_port AS s_leaf_port
+    FROM rates
+    WHERE metric IN ('nic.rx_prio_pause', 'nic.rx_prio_pause_duration',
+                     'rdma.np_ecn_marked_roce_packets', 'rdma.np_cnp_sent',
+                     'rdma.rp_cnp_handled', 'ib.port_xmit_wait')
+      AND ts >= epoch_ns(CAST($start AS TIMESTAMP))
+      AND ts < epoch_ns(CAST($end AS TIMESTAMP))
+),
+labelled AS (
+    SELECT
+        c.*,
+        CASE WHEN l.valid_until IS NULL OR c.ts < l.valid_until THEN l.switch END AS t_switch,
+        CASE WHEN l.valid_until IS NULL OR c.ts < l.valid_until THEN l.switch_port END
+            AS t_switch_port,
+        CASE WHEN n.valid_until IS NULL OR c.ts < n.valid_until THEN n.rail END AS t_rail
+    FROM c
+    ASOF LEFT JOIN topology_links AS l
+        ON c.node = l.node AND c.port = l.device AND c.ts >= l.valid_from
+    ASOF LEFT JOIN topology_nics AS n
+        ON c.node = n.node AND c.nic_dev = n.device AND c.ts >= n.valid_from
+),
+per_link AS (
+    SELECT
+        coalesce(t_rail, s_rail) AS rail,
+        coalesce(t_switch, s_leaf) AS switch,
+        coalesce(t_switch_port, s_leaf_port) AS switch_port,
+        node,
+        port,
+        coalesce(sum(delta) FILTER (WHERE metric = 'nic.rx_prio_pause'), 0) AS pause_frames,
+        coalesce(sum(delta) FILTER (WHERE metric = 'nic.rx_prio_pause_duration'), 0)
+            AS paused_us,
+        coalesce(sum(delta) FILTER (WHERE metric = 'rdma.np_ecn_marked_roce_packets'), 0)
+            AS ecn_marked,
+        coalesce(sum(delta) FILTER (WHERE metric = 'rdma.np_cnp_sent'), 0) AS cnp_sent,
+        coalesce(sum(delta) FILTER (WHERE metric = 'rdma.rp_cnp_handled'), 0) AS cnp_handled,
+        coalesce(sum(delta) FILTER (WHERE metric = 'ib.port_xmit_wait'), 0) AS xmit_wait,
+        max(rate) FILTER (WHERE metric = 'nic.rx_prio_pause_duration') / 1e6
+            AS peak_paused_fraction,
+        make_timestamp_ns(min(ts)) AS first_seen,
+        make_timestamp_ns(max(ts)) AS last_seen
+    FROM labelled
+    GROUP BY ALL
+)
+SELECT
+    *,
+    round(
+        coalesce(pause_frames / nullif(max(pause_frames) OVER (), 0), 0)
+        + coalesce(paused_us / nullif(max(paused_us) OVER (), 0), 0)
+        + coalesce(ecn_marked / nullif(max(ecn_marked) OVER (), 0), 0)
+        + coalesce(cnp_sent / nullif(max(cnp_sent) OVER (), 0), 0)
+        + coalesce(cnp_handled / nullif(max(cnp_handled) OVER (), 0), 0)
+        + coalesce(xmit_wait / nullif(max(xmit_wait) OVER (), 0), 0),
+        3
+    ) AS score
+FROM per_link
+WHERE pause_frames + paused_us + ecn_marked + cnp_sent + cnp_handled + xmit_wait > 0
+ORDER BY score DESC, node, port
+LIMIT $limit;
