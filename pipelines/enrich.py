@@ -111,6 +111,7 @@ class TopologyIndex:
         self._cache: OrderedDict[tuple[str, int], tuple[dict[str, Row], pa.Table]] = OrderedDict()
         self._cache_size = cache_size
         self._last: dict[str, tuple[int, Array, pa.Table]] = {}  # node → its last answer
+        self._spines: dict[tuple[str, int], str | None] = {}  # (leaf, fabric version) → spine
         self.resolutions = 0  # (node, interval, device) resolutions done: cache misses
 
     # --- per-row resolution (cached; runs once per node, interval, device) -----------------
@@ -184,6 +185,12 @@ class TopologyIndex:
     def _spine(self, leaf: str | None, t: int) -> str | None:
         if leaf is None:
             return None
+        key = (leaf, bisect.bisect_right(self._fabric_bounds, t))  # fabric version at t
+        if key not in self._spines:
+            self._spines[key] = self._find_spine(leaf, t)
+        return self._spines[key]
+
+    def _find_spine(self, leaf: str, t: int) -> str | None:
         peers = []
         for e in self._fabric:
             if not _valid(e, t):

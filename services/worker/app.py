@@ -38,7 +38,7 @@ from schemas.catalog import Catalog, default_catalog
 from services.settings import KafkaSettings
 from services.telemetry import ServiceTelemetry
 from services.worker.feed import TopologyFeed
-from services.worker.refiner import Outcome, OutputTopics, RawRecord, Refiner
+from services.worker.refiner import Outcome, OutMessage, OutputTopics, RawRecord, Refiner
 
 log = logging.getLogger(__name__)
 
@@ -127,8 +127,8 @@ def build_app(
     index_cache: dict[str, Any] = {"version": -1, "index": TopologyIndex([], [])}
 
     def topology() -> TopologyIndex:
-        version, entities, jobs = feed.snapshot()
-        if version != index_cache["version"]:
+        if feed.version != index_cache["version"]:
+            version, entities, jobs = feed.snapshot()
             index_cache["index"] = TopologyIndex(entities, jobs)
             index_cache["version"] = version
         index: TopologyIndex = index_cache["index"]
@@ -172,7 +172,7 @@ def build_app(
             progress.last_group_started = time.monotonic()
             now = time.time_ns()
             last_for: dict[str, Any] = {}
-            futures: list[Any] = []
+            pending: list[OutMessage] = []
             with telemetry.span("refine.group", {"records": len(events)}):
                 for ev in events:
                     m = ev.message
@@ -188,17 +188,11 @@ def build_app(
                     out = proc.process(rec, now)
                     _record(telemetry, out, rec)
                     await asyncio.sleep(0)  # let the consumer's heartbeats and fetches run
-                    for msg in out.messages:
-                        futures.append(
-                            await app.producer.send(
-                                msg.topic, msg.key, msg.value, None, None, msg.headers
-                            )
-                        )
+                    pending += out.messages
                     if out.stream is not None:
                         last_for[out.stream] = ev
                         last_for["node:" + out.stream.split("|", 1)[0]] = ev
-                if futures:
-                    await asyncio.gather(*futures)  # outputs acknowledged first
+                await publish_acked(app, pending)  # outputs acknowledged first
                 streams, nodes = proc.dirty_blobs()
                 for key, blob in streams.items():
                     _put(stream_table, last_for[key], key, blob)
@@ -271,6 +265,31 @@ def build_app(
 
     app.refinery_feed = feed  # type: ignore[attr-defined]
     return app
+
+
+async def publish_acked(
+    app: faust.App, messages: list[OutMessage], deadline_s: float = 30.0
+) -> None:
+    """Send ``messages`` and wait until every one is acknowledged. A send that fails with a
+    retriable broker error (leader moved, not enough replicas yet, timeout) is sent again
+    until ``deadline_s``; anything else, or still failing then, raises and crashes the agent.
+    A message sent twice is harmless: every output carries its lineage and consumers dedupe
+    on it, as they do after a replay."""
+    give_up = time.monotonic() + deadline_s
+    todo = messages
+    while todo:
+        futures = [
+            await app.producer.send(m.topic, m.key, m.value, None, None, m.headers) for m in todo
+        ]
+        results = await asyncio.gather(*futures, return_exceptions=True)
+        failed = [(m, r) for m, r in zip(todo, results, strict=True) if isinstance(r, Exception)]
+        for _, err in failed:
+            if not getattr(err, "retriable", False) or time.monotonic() > give_up:
+                raise err
+        if failed:
+            log.warning("%d sends failed (%s); sending again", len(failed), failed[0][1])
+            await asyncio.sleep(0.5)
+        todo = [m for m, _ in failed]
 
 
 def _put(table: Any, event: Any, key: str, blob: bytes) -> None:
@@ -353,8 +372,17 @@ def run_worker(app: faust.App, loglevel: str = "warning", stop_timeout_s: float 
         timer.start()
 
     worker = faust.Worker(app, loglevel=loglevel, quiet=True)
+    code = 0
     try:
         worker.execute_from_commandline()
     except SystemExit as e:
-        return int(e.code or 0)
-    return 0
+        code = int(e.code or 0)
+    except Exception as e:  # an agent crashed: Faust re-raises it after closing its loop
+        log.error("worker crashed: %s: %s", type(e).__name__, e)
+        code = 1
+    if code:
+        # Threads that outlive the loop (the consumer's, the topology feed's, executors)
+        # would keep the interpreter from exiting: a crashed worker must end, non-zero.
+        logging.shutdown()
+        os._exit(code)
+    return code

@@ -4,8 +4,9 @@ Every worker reads both topics whole (no consumer group: all partitions assigned
 beginning) in a background thread and keeps the latest record per key. :meth:`TopologyFeed.
 wait_caught_up` blocks until the end offsets seen at start have been read, so no sample is
 enriched against a half-loaded topology. :meth:`snapshot` returns the current entity and job
-lists plus a version number that changes whenever either changed, so the caller rebuilds its
-join index only then.
+lists plus a version number that changes whenever either changed (a record republished
+unchanged does not count), so the caller rebuilds its join index only then; :attr:`version`
+reads the number alone.
 
 A record that does not parse is logged, counted in ``stats['bad']`` and skipped; a tombstone
 (null value) deletes its key.
@@ -52,6 +53,11 @@ class TopologyFeed:
 
     def wait_caught_up(self, timeout: float = 60.0) -> bool:
         return self._caught_up.wait(timeout)
+
+    @property
+    def version(self) -> int:
+        """Changes whenever an entity or job changed (cheap: no copy)."""
+        return self._version
 
     def snapshot(self) -> tuple[int, list[TopologyEntity], list[JobPlacement]]:
         with self._lock:
@@ -119,12 +125,16 @@ class TopologyFeed:
                 return store.pop(k, None) is not None
             try:
                 doc = json.loads(value)
-                if kind == "topology":
-                    self._entities[k] = TopologyEntity.model_validate(doc)
-                else:
-                    self._jobs[k] = JobPlacement.model_validate(doc)
+                new: TopologyEntity | JobPlacement = (
+                    TopologyEntity.model_validate(doc)
+                    if kind == "topology"
+                    else JobPlacement.model_validate(doc)
+                )
             except (ValueError, ValidationError) as e:
                 self.stats["bad"] += 1
                 log.warning("bad %s record %r: %s", kind, k, str(e).splitlines()[0])
                 return False
+            if store.get(k) == new:
+                return False  # republished unchanged: the join index stays valid
+            store[k] = new
         return True

@@ -1,0 +1,58 @@
+"""The worker's topology feed against a real broker: it catches up, follows changes, and a
+record republished unchanged does not bump the version (which would make every worker
+rebuild its join index and re-resolve every device)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from confluent_kafka import Producer
+
+from schemas.records import EntityKind, TopologyEntity
+from services.worker.feed import TopologyFeed
+
+
+def _publish(conf: dict[str, object], topic: str, entities: list[TopologyEntity]) -> None:
+    p = Producer(dict(conf))
+    for e in entities:
+        p.produce(topic, key=e.id.encode(), value=e.model_dump_json().encode())
+    assert p.flush(30) == 0
+
+
+def _wait(cond: Callable[[], bool], timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def test_feed_versions_only_on_change(
+    kafka_conf: dict[str, object], unique_topic: Callable[..., str]
+) -> None:
+    topo, jobs = unique_topic("topology"), unique_topic("jobs")
+    ents = [
+        TopologyEntity(id=f"n{i}", kind=EntityKind.NODE, node=f"n{i}", rack=f"r{i % 2}")
+        for i in range(5)
+    ]
+    _publish(kafka_conf, topo, ents)
+    feed = TopologyFeed(dict(kafka_conf), topo, jobs)
+    feed.start()
+    try:
+        assert feed.wait_caught_up(30)
+        assert feed.error is None
+        v0, got, _ = feed.snapshot()
+        assert sorted(e.id for e in got) == [e.id for e in ents]
+        assert v0 >= 1
+
+        _publish(kafka_conf, topo, ents)  # the same facts again
+        _wait(lambda: feed.stats["records"] >= 10)
+        assert feed.version == v0
+
+        moved = ents[0].model_copy(update={"rack": "r9"})
+        _publish(kafka_conf, topo, [moved])
+        _wait(lambda: feed.version > v0)
+        _, got, _ = feed.snapshot()
+        assert {e.id: e.rack for e in got}["n0"] == "r9"
+    finally:
+        feed.stop()
