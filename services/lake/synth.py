@@ -282,7 +282,13 @@ def land_lake(
     nodes = len(pc.unique(samples.column("node")))
     writer.land("collectives", collectives(nodes, start_ns=start), partition=0, first=0, last=0)
     writer.land("topology", topology(nodes), partition=0, first=0, last=0)
-    n = samples.num_rows
+    land_small_datasets(writer, start, samples.num_rows)
+    return files
+
+
+def land_small_datasets(writer: LakeWriter, start: int, n: int, *, jobs: bool = True) -> None:
+    """One row each of accounting (``n`` refined samples), dead letters, alerts, episodes and
+    (unless ``jobs`` is false) a job placement, at ``start``."""
     acc = {
         "ts": [start],
         "raw_topic": ["telemetry.raw"],
@@ -352,8 +358,9 @@ def land_lake(
         ),
     ]
     for ds, row in side:
+        if ds == "jobs" and not jobs:
+            continue
         row = {"kafka_partition": 0, "kafka_offset": 0, **row}
         schema = DATASETS[ds].schema
         t = pa.Table.from_pylist([{k: row.get(k) for k in schema.names}], schema=schema)
         writer.land(ds, t, partition=0, first=0, last=0)
-    return files
