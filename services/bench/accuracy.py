@@ -16,26 +16,34 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from typing import Any
 
-from services.bench.accuracy_match import AccuracyReport, detections, score
+import pyarrow.parquet as pq
+
+from services.bench.accuracy_match import AccuracyReport, detections, run_signals, score
 from services.bench.figures import BenchResult
 from services.bench.harness import BenchKafka, S, end_count, records, sim_topics
 from services.simulate.cluster import Cluster
 from services.simulate.engine import Simulation
 from services.simulate.publish import publish
+from services.simulate.truth import sibling
 
 FAULTS = "all"
 NODES = 8  # two jobs (5 + 3 nodes), 15 k samples/s: within one worker's rate on 2 cores
 SEED = 11
 
 
-def read_json_topic(k: BenchKafka, topic: str, timeout: float = 60) -> list[dict[str, Any]]:
-    """Every record of ``topic`` as JSON, from the beginning to the current end."""
+def read_json_topic(k: BenchKafka, topic: str, timeout: float = 120) -> list[tuple[Any, int]]:
+    """Every record of ``topic`` as (JSON, record timestamp ns), from the beginning to the
+    current end."""
     n = end_count(k.conf, topic)
     if n == 0:
         return []
-    return [json.loads(m.value()) for m in records(k.conf, topic, lambda c: c >= n, timeout)]
+    return [
+        (json.loads(m.value()), m.timestamp()[1] * 1_000_000)
+        for m in records(k.conf, topic, lambda c: c >= n, timeout)
+    ]
 
 
 def bench_alert_accuracy(
@@ -61,7 +69,8 @@ def bench_alert_accuracy(
         sim = Simulation(
             Cluster.build(nodes, seed=seed), FAULTS, seed=seed, duration_ns=seconds * S
         )
-        rep = publish(sim, k.kafka, sim_topics(prefix), None, speed=1.0, progress_cb=None)
+        truth = k.workdir / f"{prefix}truth.parquet"
+        rep = publish(sim, k.kafka, sim_topics(prefix), truth, speed=1.0, progress_cb=None)
         raw = [prefix + t for t in ("telemetry.raw", "telemetry.events", "telemetry.collectives")]
         k.wait("the worker drains", lambda: k.lag(prefix + "worker", raw) == 0, 300, kids)
         derived = [
@@ -79,11 +88,19 @@ def bench_alert_accuracy(
             c.stop(30)
     assert sim.start_ns is not None
     run = (sim.start_ns, sim.start_ns + seconds * S)
-    alerts = read_json_topic(k, prefix + "telemetry.alerts")
-    episodes = read_json_topic(k, prefix + "telemetry.episodes")
+    alerts = [a for a, _ in read_json_topic(k, prefix + "telemetry.alerts")]
+    episodes = [e for e, _ in read_json_topic(k, prefix + "telemetry.episodes")]
     clocks = sim.clocks.table(sim.cluster.node_names).to_pylist()
     incidents = [i.row() for i in sim.incidents]
-    r = score(incidents, clocks, alerts, episodes, run)
+    sends = pq.read_table(sibling(truth, "sends")).to_pylist()
+    acc = read_json_topic(k, prefix + "telemetry.accounting")
+    names = sim.cluster.node_names
+    late, lags, timing = input_timing(
+        [x for x in sends if x["topic"] == prefix + "telemetry.raw"],
+        acc,
+        lambda t: {n: int(o) for n, o in zip(names, sim.clocks.offsets(t), strict=True)},
+    )
+    r = score(incidents, clocks, alerts, episodes, run, explained=run_signals(late, lags, 5 * S))
     _figures(res, r)
     res.details.update(
         {
@@ -92,6 +109,9 @@ def bench_alert_accuracy(
             "seed": seed,
             "faults": FAULTS,
             "publish_unacked": rep.unacked,
+            "input_timing": timing,
+            "late_inputs": late,
+            "refiner_lag_spans": lags,
             "alert_records": len(alerts),
             "episode_records": len(episodes),
             "by_kind": {kind: vars(ks) for kind, ks in r.by_kind.items()},
@@ -107,6 +127,77 @@ def bench_alert_accuracy(
     )
     k.say("  " + summary_line(r))
     return res
+
+
+def input_timing(
+    sends: list[dict[str, Any]],
+    accounting: list[tuple[dict[str, Any], int]],
+    true_offsets: Callable[[int], dict[str, int]],
+    freshness_s: float = 30.0,
+    resolve_s: float = 10.0,
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, float]]:
+    """How the run's inputs really arrived, from the truth's raw sends (``due_true_ns``: when
+    the simulator meant the broker to append each) and the accounting records (the raw
+    record's append time, and their own append time: when the refiner had processed it).
+
+    Returns ``(late_inputs, lags, stats)`` for :func:`run_signals`: spans of a source whose
+    records were late enough that its clock appeared beyond 1 s while truly within it, and
+    spans where the refiner was behind by more than ``resolve_s`` reaching ``freshness_s``.
+    """
+    done = {
+        (int(d["raw_partition"]), int(d["raw_offset"])): (int(d["append_ms"]) * 10**6, t)
+        for d, t in accounting
+        if d.get("append_ms") is not None
+    }
+    marked: dict[tuple[str, str], list[tuple[int, int, float]]] = {}
+    worst_late, lag_rows = 0.0, []
+    for x in sends:
+        got = done.get((int(x["partition"]), int(x["offset"])))
+        if got is None or x["exporter"] is None:
+            continue
+        appended, processed = got
+        late = appended - int(x["due_true_ns"])
+        worst_late = max(worst_late, late / S)
+        lag_rows.append((processed, (processed - appended) / S))
+        true = true_offsets(int(x["due_true_ns"])).get(str(x["node"]), 0)
+        if abs(true - late) > 0.95 * S and abs(true) <= 1.05 * S:
+            marked.setdefault((x["node"], x["exporter"]), []).append(
+                (appended, processed, late / S)
+            )
+    late_inputs = []
+    for (node, exporter), rows in sorted(marked.items()):
+        for span in _spans(sorted(rows)):
+            late_inputs.append(
+                {
+                    "node": node,
+                    "exporter": exporter,
+                    "t0_ns": span[0][0],
+                    "t1_ns": span[-1][1],
+                    "late_s": max(r[2] for r in span),
+                }
+            )
+    lags = []
+    behind = sorted((t, t, lag) for t, lag in lag_rows if lag > resolve_s)
+    for span in _spans(behind):
+        peak = max(r[2] for r in span)
+        if peak > freshness_s:
+            lags.append({"t0_ns": span[0][0], "t1_ns": span[-1][1], "lag_s": peak})
+    stats = {
+        "publish_late_max_s": worst_late,
+        "refiner_lag_max_s": max((lag for _, lag in lag_rows), default=0.0),
+    }
+    return late_inputs, lags, stats
+
+
+def _spans(rows: list[tuple[int, int, float]], gap_ns: int = 5 * S) -> list[list[Any]]:
+    """Rows sorted by their first field, cut where it jumps by more than ``gap_ns``."""
+    out: list[list[Any]] = []
+    for r in rows:
+        if out and r[0] - out[-1][-1][0] <= gap_ns:
+            out[-1].append(r)
+        else:
+            out.append([r])
+    return out
 
 
 def _figures(res: BenchResult, r: AccuracyReport) -> None:
@@ -129,6 +220,16 @@ def _figures(res: BenchResult, r: AccuracyReport) -> None:
     )
     res.add("unmatched_detections", len(r.unmatched), "detections", note=_kv(r.unmatched_by_rule()))
     res.add("missed_signals", len(r.missed), "signals", note=_kv(r.missed_by_kind()))
+    why: dict[str, int] = {}
+    for e in r.excluded:
+        reason = str(e["why"]).split(":")[0]
+        why[reason] = why.get(reason, 0) + 1
+    res.add(
+        "excluded_detections",
+        len(r.excluded),
+        "detections",
+        note="explained by the run, not scored: " + _kv(why),
+    )
     res.add(
         "redundant_matches",
         len(r.redundant),
@@ -149,5 +250,6 @@ def summary_line(r: AccuracyReport) -> str:
     return (
         f"precision {r.precision:.3f} ({r.true_positive}/{r.detections}), recall "
         f"{r.recall:.3f} ({r.signals_met}/{r.signals}); by kind: {kinds}; unmatched: "
-        f"{_kv(r.unmatched_by_rule())}; missed: {_kv(r.missed_by_kind())}"
+        f"{_kv(r.unmatched_by_rule())}; missed: {_kv(r.missed_by_kind())}; excluded "
+        f"{len(r.excluded)}"
     )

@@ -314,6 +314,39 @@ def clock_signals(
     return out
 
 
+def run_signals(
+    late_inputs: Iterable[Mapping[str, Any]], lags: Iterable[Mapping[str, Any]], slack_ns: int
+) -> list[Signal]:
+    """Alerts the benchmark run itself explains, not an incident of the simulated cluster:
+
+    - ``late_inputs`` rows ``{node, exporter, t0_ns, t1_ns, late_s}``: records of one source
+      reached the broker so late (the simulator running behind its schedule on a busy
+      machine) that its clock *appeared* more than 1 s off — one-way stamps cannot tell a
+      delay from an offset; ``t0``..``t1`` from the first late append to the last one's
+      processing (the refiner stamps clock alerts with processing time);
+    - ``lags`` rows ``{t0_ns, t1_ns, lag_s}``: the refiner was behind by more than the
+      ``refined_freshness`` threshold (an alert about the pipeline, and a true one)."""
+    out: list[Signal] = []
+    for r in late_inputs:
+        src = f"{r['node']}|{r['exporter']}|"
+        t0, t1 = int(r["t0_ns"]) - slack_ns, int(r["t1_ns"]) + slack_ns
+        why = f"input late: up to {float(r['late_s']):.1f} s, the simulator behind schedule"
+
+        def late(d: Detection, src: str = src, t0: int = t0, t1: int = t1) -> bool:
+            return d.rule == "clock_offset" and d.entity.startswith(src) and d.overlaps(t0, t1)
+
+        out.append(Signal("run", "run", why, src + "*", False, late))
+    for r in lags:
+        t0, t1 = int(r["t0_ns"]) - slack_ns, int(r["t1_ns"]) + slack_ns
+        why = f"refiner behind: up to {float(r['lag_s']):.0f} s"
+        out.append(
+            Signal(
+                "run", "run", why, "pipeline", False, _on("refined_freshness", "pipeline", t0, t1)
+            )
+        )
+    return out
+
+
 def score(
     incidents: Iterable[Mapping[str, Any]],
     clocks: Iterable[Mapping[str, Any]],
@@ -323,9 +356,12 @@ def score(
     slack_ns: int = 5 * S,
     clock_band_ns: int = 50_000_000,
     interval_ns: int = S,
+    explained: Iterable[Signal] = (),
 ) -> AccuracyReport:
     """Score alerts and episodes of a run ``[start, end)`` (true ns) against its truth.
-    Incidents starting at or after ``end`` never happened and are dropped."""
+    Incidents starting at or after ``end`` never happened and are dropped. A detection no
+    incident explains but one of ``explained`` (:func:`run_signals`) does is listed in
+    ``excluded`` with the reason, and scored neither way."""
     end = run[1]
     happened = [i for i in incidents if int(i["start_ns"]) < end]
     signals = [s for i in happened for s in incident_signals(i, slack_ns)]
@@ -333,14 +369,23 @@ def score(
     dets, excluded = [], []
     for d in detections(alerts, episodes):
         if d.rule == "exporter_silent" and d.start_ns >= end - interval_ns:
-            excluded.append({**d.short(), "why": "the run's end silences every exporter"})
+            excluded.append({**d.short(), "why": "run end: it silences every exporter"})
         else:
             dets.append(d)
-    by_kind: dict[str, KindScore] = {}
     hits: dict[int, list[Detection]] = {}
     for n, s in enumerate(signals):
         hits[n] = [d for d in dets if s.matches(d)]
     matched_ids = {d.id for ds in hits.values() for d in ds}
+    run_sigs = list(explained)
+    kept = []
+    for d in dets:
+        why = next((s.name for s in run_sigs if s.matches(d)), None)
+        if d.id in matched_ids or why is None:
+            kept.append(d)
+        else:
+            excluded.append({**d.short(), "why": why})
+    dets = kept
+    by_kind: dict[str, KindScore] = {}
     per_incident: dict[tuple[str, str], list[int]] = {}
     for n, s in enumerate(signals):
         per_incident.setdefault((s.kind, s.incident), []).append(n)

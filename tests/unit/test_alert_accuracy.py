@@ -185,3 +185,41 @@ def test_reset_and_run_end_silences_and_wraps() -> None:
     wrapped = alert("nic_counter_jump", "n0/mlx5_4/1", 33)
     r = score(inc, [], [silent_other, wrapped], [], RUN)
     assert r.unmatched_by_rule() == {"exporter_silent": 1, "nic_counter_jump": 1}
+
+
+def test_alerts_the_run_explains_are_excluded_not_scored() -> None:
+    from services.bench.accuracy_match import run_signals
+
+    clocks = [{"node": "n1", "offset_ns": 0, "drift_ppm": 0.0, "synced": True, "steps": []}]
+    late = [{"node": "n1", "exporter": "node", "t0_ns": 70 * S, "t1_ns": 80 * S, "late_s": 1.3}]
+    lags = [{"t0_ns": 60 * S, "t1_ns": 90 * S, "lag_s": 45.0}]
+    fired = [
+        alert("clock_offset", "n1|node|0", 74, node="n1"),  # while its input was late
+        alert("clock_offset", "n1|gpu|0", 74, node="n1"),  # another source: not explained
+        alert("refined_freshness", "pipeline", 64),
+    ]
+    r = score([], clocks, fired, [], RUN, explained=run_signals(late, lags, 5 * S))
+    assert sorted(e["why"].split(":")[0] for e in r.excluded) == ["input late", "refiner behind"]
+    assert r.unmatched_by_rule() == {"clock_offset": 1} and r.detections == 1
+
+
+def test_input_timing_finds_late_sources_and_refiner_lag() -> None:
+    from services.bench.accuracy import input_timing
+
+    def send(i: int, node: str, due_s: float) -> dict[str, Any]:
+        return {"partition": 0, "offset": i, "node": node, "exporter": "node",
+                "due_true_ns": int(due_s * S)}  # fmt: skip
+
+    def acc(i: int, appended_s: float, processed_s: float) -> tuple[dict[str, Any], int]:
+        doc = {"raw_partition": 0, "raw_offset": i, "append_ms": int(appended_s * 1000)}
+        return doc, int(processed_s * S)
+
+    sends = [send(i, "n1", i) for i in range(6)] + [send(6, "n2", 3)]
+    accounting = [acc(i, i + (1.5 if 2 <= i <= 3 else 0.001), i + 2) for i in range(6)]
+    accounting.append(acc(6, 3.001, 50))  # on time, but processed 47 s later
+    offsets = {"n1": 0, "n2": -int(0.3 * S)}
+    late, lags, stats = input_timing(sends, accounting, lambda t: offsets)
+    assert late == [{"node": "n1", "exporter": "node", "t0_ns": int(3.5 * S), "t1_ns": 5 * S,
+                     "late_s": 1.5}]  # fmt: skip
+    assert lags == [{"t0_ns": 50 * S, "t1_ns": 50 * S, "lag_s": 46.999}]
+    assert stats["publish_late_max_s"] == 1.5
