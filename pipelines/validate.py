@@ -317,7 +317,9 @@ def validate_samples(
             rows = where(pc.equal(code, c))
             reason = REASON_ORDER[c]
             rejected.append(
-                RejectedRows(reason, _detail(reason, table, rows, limits, now_ns), rows.to_pylist())
+                RejectedRows(
+                    reason, reject_detail(reason, table, rows, limits, now_ns), rows.to_pylist()
+                )
             )
     value_out = (
         pc.if_else(true_mask(sentinel), pa.scalar(None, pa.float64()), scaled)
@@ -358,8 +360,11 @@ def _optional(table: pa.Table, name: str, typ: pa.DataType) -> Array:
     return pa.nulls(table.num_rows, typ)
 
 
-def _detail(reason: Reason, table: pa.Table, rows: Array, lim: ValidateLimits, now: int) -> str:
-    """A short human-readable detail for a rejected group (bounded length)."""
+def reject_detail(
+    reason: Reason, table: pa.Table, rows: Array, lim: ValidateLimits, now: int
+) -> str:
+    """A short human-readable detail for the ``rows`` of ``table`` rejected for ``reason``
+    (bounded length)."""
     if reason is Reason.UNKNOWN_METRIC:
         names = pc.unique(pc.take(column(table, "metric"), rows)).to_pylist()[:5]
         return f"metrics not in the catalog: {', '.join(repr(s)[:64] for s in names)}"[:1024]
