@@ -93,10 +93,15 @@ def bench_alert_accuracy(
     clocks = sim.clocks.table(sim.cluster.node_names).to_pylist()
     incidents = [i.row() for i in sim.incidents]
     sends = pq.read_table(sibling(truth, "sends")).to_pylist()
-    acc = read_json_topic(k, prefix + "telemetry.accounting")
+    raw_topic = prefix + "telemetry.raw"
+    acc = [
+        (d, t)
+        for d, t in read_json_topic(k, prefix + "telemetry.accounting")
+        if d.get("raw_topic") == raw_topic
+    ]
     names = sim.cluster.node_names
     late, lags, timing = input_timing(
-        [x for x in sends if x["topic"] == prefix + "telemetry.raw"],
+        [x for x in sends if x["topic"] == raw_topic],
         acc,
         lambda t: {n: int(o) for n, o in zip(names, sim.clocks.offsets(t), strict=True)},
     )
