@@ -31,10 +31,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipelines._arrow import Array, any_true, column, merge_keyed, nxt, prev, true_mask, where
+from pipelines._arrow import Array, any_true, column, nxt, prev, true_mask, where
 from pipelines.validate import BITMASK, COUNTER, ENUM, lookup
 from schemas.catalog import Catalog, Kind, Metric
 from schemas.reasons import NullReason
@@ -52,36 +53,11 @@ _NULL_F64 = pa.scalar(None, pa.float64())
 _NULL_STR = pa.scalar(None, pa.string())
 
 
-@dataclass(frozen=True)
-class _Layout:
-    metric: Array
-    device: Array
-    cmask: Array
-    ci: Array  # positions of counter rows
-    keys: Array  # their series keys, unique, = state.table["key"]
-    mx: Array
-    sat: Array
-    scale: Array
-    inv: Array  # permutation from [counter rows, other rows] back to row order
-    boot: str
-
-    def matches(self, table: pa.Table, cmask: Array, boot_id: str) -> bool:
-        return bool(
-            boot_id == self.boot
-            and column(table, "metric").equals(self.metric)
-            and column(table, "device").equals(self.device)
-            and cmask.equals(self.cmask)
-        )
-
-
 @dataclass
 class CounterState:
     """Last accepted reading per counter series of one source stream."""
 
     table: pa.Table = field(default_factory=STATE_SCHEMA.empty_table)
-    # When the state holds exactly the counter series of the last batch, in its row order,
-    # the next batch with the same layout is computed positionally (no sort, no lookup).
-    layout: _Layout | None = field(default=None, compare=False, repr=False)
 
     def __len__(self) -> int:
         return int(self.table.num_rows)
@@ -106,16 +82,38 @@ class CounterColumns:
     null_reason: Array  # string: input null_reason, or first_sample/reset/saturated
 
 
+@dataclass(frozen=True)
+class CounterPart:
+    """One source stream's consecutive rows in a :func:`derive_rates_group` table."""
+
+    rows: int
+    boot_id: str
+    state: CounterState
+
+
 def derive_rates(
     table: pa.Table, ts: Array, boot_id: str, state: CounterState
 ) -> tuple[CounterColumns, CounterState]:
-    """Deltas and rates for the counter rows of ``table``.
+    """Deltas and rates for the counter rows of ``table`` (all from one source stream).
 
     ``table`` has the columns of :data:`pipelines.validate.ACCEPTED_SCHEMA` (``metric``,
     ``device``, ``raw``, ``kind``, ``scale``, ``max_raw``, ``saturate``, ``null_reason``);
     ``ts`` is the aligned time of each row. Returns the per-row columns and the new state;
-    ``state`` itself is not modified. Never raises on data.
-    """
+    ``state`` itself is not modified. Never raises on data."""
+    cols, states = derive_rates_group(table, ts, [CounterPart(table.num_rows, boot_id, state)])
+    return cols, states[0]
+
+
+_SID = 1 << 32  # series id = stream index * _SID + code of "metric|device" in the batch
+
+
+def derive_rates_group(
+    table: pa.Table, ts: Array, parts: list[CounterPart]
+) -> tuple[CounterColumns, list[CounterState]]:
+    """:func:`derive_rates` for several streams at once: ``parts`` give, in order, how many
+    consecutive rows of ``table`` belong to each stream, its boot id and its state. One sort
+    and two hash lookups for all of them; returns the columns and each stream's new state.
+    A stream must appear once (its rows together)."""
     n = table.num_rows
     null_reason = column(table, "null_reason")
     raw_all = column(table, "raw")
@@ -126,20 +124,23 @@ def derive_rates(
     if n == 0 or not any_true(cmask):
         false = pa.repeat(pa.scalar(False), n) if n else pa.array([], pa.bool_())
         nulls = pa.nulls(n, pa.float64())
-        return CounterColumns(nulls, nulls, false, false, null_reason), state
+        return CounterColumns(nulls, nulls, false, false, null_reason), [p.state for p in parts]
 
-    lay = state.layout
-    if lay is not None and lay.matches(table, cmask, boot_id):
-        fast = _positional(table, ts, state, lay, null_reason)
-        if fast is not None:
-            return fast
+    k = len(parts)
+    counts = np.array([p.rows for p in parts], dtype=np.int64)
     ci = where(cmask)
+    sid = np.repeat(np.arange(k, dtype=np.int64), counts)[ci.to_numpy()]
     key = pc.binary_join_element_wise(
         pc.take(column(table, "metric"), ci), pc.take(column(table, "device"), ci), "|"
     )
+    enc = key.dictionary_encode()
+    names = enc.dictionary
+    g = sid * _SID + enc.indices.to_numpy().astype(np.int64)
     sub = pa.table(
         {
             "pos": ci,
+            "g": pa.array(g),
+            "sid": pa.array(sid),
             "key": key,
             "ts": pc.take(ts, ci),
             "raw": pc.take(raw_all, ci),
@@ -148,15 +149,24 @@ def derive_rates(
             "scale": pc.take(column(table, "scale"), ci),
         }
     )
-    s = sub.take(pc.sort_indices(sub, sort_keys=[("key", "ascending"), ("ts", "ascending")]))
-    k, tt = column(s, "key"), column(s, "ts")
-    dup_ts = true_mask(pc.and_(pc.equal(k, prev(k)), pc.equal(tt, prev(tt))))
+    s = sub.take(pc.sort_indices(sub, sort_keys=[("g", "ascending"), ("ts", "ascending")]))
+    gg, tt = column(s, "g"), column(s, "ts")
+    dup_ts = true_mask(pc.and_(pc.equal(gg, prev(gg)), pc.equal(tt, prev(tt))))
 
-    st = state.table
-    sidx = pc.index_in(k, value_set=column(st, "key"))
+    # the streams' states as one table, keyed the same way (series not in this batch: NULL)
+    st_parts = [p.state.table for p in parts]
+    st = pa.concat_tables(st_parts) if k > 1 else st_parts[0]
+    st_counts = np.array([t.num_rows for t in st_parts], dtype=np.int64)
+    st_sid = np.repeat(np.arange(k, dtype=np.int64), st_counts)
+    st_code = pc.cast(pc.index_in(column(st, "key"), value_set=names), pa.int64())
+    st_g = pc.add(pa.array(st_sid * _SID), st_code)
+    sidx = pc.index_in(gg, value_set=st_g)
     st_raw = pc.take(column(st, "raw"), sidx)
     st_ts = pc.take(column(st, "ts"), sidx)
-    same_boot = true_mask(pc.equal(pc.take(column(st, "boot"), sidx), boot_id))
+    boots = pa.array([p.boot_id for p in parts], pa.string())
+    same_boot = true_mask(
+        pc.equal(pc.take(column(st, "boot"), sidx), pc.take(boots, column(s, "sid")))
+    )
     late = pc.or_(dup_ts, pc.and_(same_boot, true_mask(pc.less_equal(tt, st_ts))))
 
     if any_true(late):
@@ -167,8 +177,8 @@ def derive_rates(
     else:
         late_pos = pa.array([], pa.int64())
 
-    ku, tu, cur = column(s, "key"), column(s, "ts"), column(s, "raw")
-    gstart = pc.invert(true_mask(pc.equal(ku, prev(ku))))
+    gu, tu, cur = column(s, "g"), column(s, "ts"), column(s, "raw")
+    gstart = pc.invert(true_mask(pc.equal(gu, prev(gu))))
     prev_raw = pc.if_else(gstart, st_raw, prev(cur))
     prev_ts = pc.if_else(gstart, st_ts, prev(tu))
     boot_change = pc.and_(gstart, pc.invert(same_boot))
@@ -177,69 +187,43 @@ def derive_rates(
         boot_change,
     )  # fmt: skip
 
-    is_last = pc.invert(true_mask(pc.equal(ku, nxt(ku))))
+    # new states: each stream's untouched series, then its updated ones (merge_keyed order)
+    is_last = pc.invert(true_mask(pc.equal(gu, nxt(gu))))
+    last = s.filter(is_last)
+    upd_sid = column(last, "sid")
     upd = pa.table(
         {
-            "key": ku.filter(is_last),
-            "raw": cur.filter(is_last),
-            "ts": tu.filter(is_last),
-            "boot": pa.repeat(pa.scalar(boot_id), pc.sum(is_last).as_py() or 0),
-        },
-        schema=STATE_SCHEMA,
+            "key": column(last, "key"),
+            "raw": column(last, "raw"),
+            "ts": column(last, "ts"),
+            "boot": pc.take(boots, upd_sid),
+            "sid": upd_sid,
+        }
     )
-    new_state = CounterState(merge_keyed(st, upd, "key"))
-    if (
-        not len(late_pos)
-        and new_state.table.num_rows == len(ci)
-        and not any_true(pc.equal(ku, prev(ku)))
-    ):  # the state is exactly this batch's series: keep it in row order for the fast path
-        other = where(pc.invert(cmask))
-        new_state = CounterState(
-            pa.table(
-                {
-                    "key": key,
-                    "raw": column(sub, "raw"),
-                    "ts": column(sub, "ts"),
-                    "boot": pa.repeat(pa.scalar(boot_id), len(ci)),
-                },
-                schema=STATE_SCHEMA,
-            ),
-            _Layout(
-                column(table, "metric"), column(table, "device"), cmask, ci, key,
-                column(sub, "max"), column(sub, "sat"), column(sub, "scale"),
-                pc.sort_indices(pa.concat_arrays([ci, other])), boot_id,
-            ),
-        )  # fmt: skip
+    kept = pc.invert(true_mask(pc.is_in(st_g, value_set=column(last, "g"))))
+    old = st.append_column("sid", pa.array(st_sid)).filter(kept)
+    merged = pa.concat_tables([old, upd.select(old.column_names)])
+    merged = merged.take(pc.sort_indices(column(merged, "sid")))  # stable: keeps the order
+    per = np.bincount(column(merged, "sid").to_numpy(), minlength=k)
+    at = np.concatenate([[0], np.cumsum(per)])
+    body = merged.select(STATE_SCHEMA.names)
+    states = [CounterState(body.slice(int(at[j]), int(per[j]))) for j in range(k)]
 
-    # scatter back to input order: computed rows, late rows, then non-counter rows
-    other_pos = where(pc.invert(cmask))
-    nl, no = len(late_pos), len(other_pos)
-    all_pos = pa.concat_arrays([column(s, "pos"), late_pos, other_pos])
-    inv = pc.sort_indices(all_pos)
-
-    def back(computed: Array, late_fill: Any, other: Any, typ: pa.DataType) -> Array:
-        parts = [computed.cast(typ)]
-        if nl:
-            parts.append(pa.repeat(pa.scalar(late_fill, typ), nl))
-        if no:
-            parts.append(
-                other if isinstance(other, pa.Array) else pa.repeat(pa.scalar(other, typ), no)
-            )
-        return pc.take(pa.concat_arrays(parts), inv)
-
-    base_reason = pc.take(null_reason, pa.concat_arrays([column(s, "pos"), late_pos]))
-    merged_reason = pc.coalesce(
-        base_reason, pa.concat_arrays([reason.cast(pa.string()), pa.nulls(nl, pa.string())])
-    )
-    reasons = pc.take(pa.concat_arrays([merged_reason, pc.take(null_reason, other_pos)]), inv)
+    # scatter back to row order; rows not computed (late, not counters) get the fills
+    slot = np.full(n, -1, dtype=np.int64)
+    slot[column(s, "pos").to_numpy()] = np.arange(len(s), dtype=np.int64)
+    idx = pa.array(slot, mask=slot < 0)
+    late_rows = np.zeros(n, dtype=bool)
+    late_rows[late_pos.to_numpy()] = True
+    computed_reason = pc.take(reason.cast(pa.string()), idx)
     cols = CounterColumns(
-        delta=back(delta, None, None, pa.float64()),
-        rate=back(rate, None, None, pa.float64()),
-        reset=back(reset, False, False, pa.bool_()),
-        late=back(pa.repeat(pa.scalar(False), len(s)), True, False, pa.bool_()),
-        null_reason=reasons,
+        delta=pc.take(delta.cast(pa.float64()), idx),
+        rate=pc.take(rate.cast(pa.float64()), idx),
+        reset=pc.fill_null(pc.take(reset.cast(pa.bool_()), idx), False),
+        late=pa.array(late_rows),
+        null_reason=pc.coalesce(null_reason, computed_reason),
     )
-    return cols, new_state
+    return cols, states
 
 
 def _deltas(
@@ -276,42 +260,6 @@ def _deltas(
         ),
     )
     return delta, rate, reset, reason
-
-
-def _positional(
-    table: pa.Table, ts: Array, state: CounterState, lay: _Layout, null_reason: Array
-) -> tuple[CounterColumns, CounterState] | None:
-    """Fast path: same series in the same order as the state; None if any sample is late."""
-    raw_all = column(table, "raw")
-    cur = pc.take(raw_all, lay.ci)
-    tu = pc.take(ts, lay.ci)
-    st = state.table
-    prev_ts = column(st, "ts")
-    if any_true(pc.less_equal(tu, prev_ts)):
-        return None
-    no_boot_change = pa.repeat(pa.scalar(False), len(lay.ci))
-    delta, rate, reset, reason = _deltas(
-        cur, column(st, "raw"), tu, prev_ts, lay.mx, lay.sat, lay.scale, no_boot_change
-    )
-    m, n = len(lay.ci), table.num_rows
-    fill = n - m
-
-    def back(arr: Array, typ: pa.DataType, other: Any) -> Array:
-        if not fill:
-            return pc.take(arr, lay.inv)
-        return pc.take(pa.concat_arrays([arr.cast(typ), pa.repeat(pa.scalar(other, typ), fill)]),
-                       lay.inv)  # fmt: skip
-
-    cols = CounterColumns(
-        delta=back(delta, pa.float64(), None),
-        rate=back(rate, pa.float64(), None),
-        reset=back(reset, pa.bool_(), False),
-        late=pa.repeat(pa.scalar(False), n),
-        null_reason=pc.coalesce(null_reason, back(reason, pa.string(), None)),
-    )
-    new = pa.table({"key": lay.keys, "raw": cur, "ts": tu, "boot": column(st, "boot")},
-                   schema=STATE_SCHEMA)  # fmt: skip
-    return cols, CounterState(new, lay)
 
 
 class StateDecoder:

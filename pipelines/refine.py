@@ -22,7 +22,7 @@ import pyarrow.compute as pc
 
 from pipelines._arrow import column, true_mask
 from pipelines.clock import ClockEstimate, ClockEstimator, ClockSettings, align
-from pipelines.counters import CounterState, StateDecoder, derive_rates
+from pipelines.counters import CounterPart, CounterState, StateDecoder, derive_rates_group
 from pipelines.dedupe import OverlapState, Position, SeqOutcome, SeqWindow, drop_overlaps
 from pipelines.enrich import TopologyIndex
 from pipelines.validate import (
@@ -241,20 +241,17 @@ def _refine_wave(
     ts, offset = _align_rows(ts_source, [x.clock for x in live], counts)
     error = _repeat([x.clock.error_ns for x in live], counts, pa.int64())
 
-    # counters per stream (their state is per stream), then the columns of the wave
-    delta, rate, reset, late, reason = [], [], [], [], []
-    for j, x in enumerate(live):
-        src = x.item.batch.envelope.source
-        stream = src.stream_key()
-        lo, m = int(rstart[j]), int(counts[j])
-        cstate = state.counters.get(stream, CounterState())
-        cols, state.counters[stream] = derive_rates(parts[j], ts.slice(lo, m), src.boot_id, cstate)
-        delta.append(cols.delta)
-        rate.append(cols.rate)
-        reset.append(cols.reset)
-        late.append(cols.late)
-        reason.append(cols.null_reason)
-    late_all = _concat(late, pa.bool_())
+    # counters: every stream of the wave in one pass, each with its own state
+    keys = [x.item.batch.envelope.source.stream_key() for x in live]
+    cparts = [
+        CounterPart(int(counts[j]), x.item.batch.envelope.source.boot_id,
+                    state.counters.get(keys[j], CounterState()))
+        for j, x in enumerate(live)
+    ]  # fmt: skip
+    cols, new_states = derive_rates_group(acc, ts, cparts)
+    for key, cs in zip(keys, new_states, strict=True):
+        state.counters[key] = cs
+    late_all = cols.late
     decoder = state.decoders.get(id(catalog))
     if decoder is None:
         decoder = state.decoders[id(catalog)] = StateDecoder(catalog)
@@ -297,10 +294,10 @@ def _refine_wave(
         "clock_error_ns": error,
         "value": column(acc, "value"),
         "raw": column(acc, "raw"),
-        "delta": _concat(delta, pa.float64()),
-        "rate": _concat(rate, pa.float64()),
-        "null_reason": _concat(reason, pa.string()),
-        "reset": _concat(reset, pa.bool_()),
+        "delta": cols.delta,
+        "rate": cols.rate,
+        "null_reason": cols.null_reason,
+        "reset": cols.reset,
         "late": late_all,
         "decoded": decoded,
         **{name: column(enr, name) for name in enr.column_names},
@@ -350,12 +347,6 @@ def _repeat(values: list[Any], counts: Any, typ: pa.DataType) -> Any:
         return pa.repeat(pa.scalar(values[0], typ), int(counts[0]))
     idx = np.repeat(np.arange(len(values), dtype=np.int32), counts)
     return pc.take(pa.array(values, typ), pa.array(idx))
-
-
-def _concat(arrays: list[Any], typ: pa.DataType) -> Any:
-    if len(arrays) == 1:
-        return arrays[0]
-    return pa.concat_arrays([a.cast(typ) for a in arrays])
 
 
 def _align_rows(ts_source: Any, clocks: list[ClockEstimate], counts: Any) -> tuple[Any, Any]:

@@ -31,7 +31,13 @@ from pipelines.aligned import align_records
 from pipelines.clock import ClockEstimator
 from pipelines.dedupe import SeqWindow
 from pipelines.enrich import TopologyIndex
-from pipelines.refine import RefineResult, RefineSettings, RefineState, refine_batch
+from pipelines.refine import (
+    RawBatch,
+    RefineResult,
+    RefineSettings,
+    RefineState,
+    refine_group,
+)
 from schemas.catalog import Catalog
 from schemas.codec import ARROW, content_type_of, decode
 from schemas.errors import RejectedInput
@@ -180,35 +186,52 @@ class Refiner:
 
     def process(self, rec: RawRecord, now_ns: int) -> Outcome:
         """Everything one raw record turns into. Raises only on a bug."""
-        ct = content_type_of(rec.headers)
-        try:
-            batch = decode(rec.value, ct)
-        except RejectedInput as e:
-            return self._reject_record(rec, ct, e, now_ns)
-        self._ensure(batch)
-        src = batch.envelope.source
-        position = (rec.partition, rec.offset)
-        window = self.state.seqs.get(src.key())
-        if window is not None and window.positions.get(batch.envelope.seq) == position:
-            n = batch.table.num_rows
-            return Outcome([], "replay", n, 0, 0, 0, {}, src.stream_key(), None, None)
-        if batch.envelope.kind is PayloadKind.SAMPLES:
-            return self._samples(rec, batch, now_ns)
-        return self._records(rec, batch, now_ns)
+        return self.process_group([rec], now_ns)[0]
 
-    def _samples(self, rec: RawRecord, batch: Batch, now_ns: int) -> Outcome:
+    def process_group(self, recs: list[RawRecord], now_ns: int) -> list[Outcome]:
+        """What each record turns into, in order: the same outcomes and state as
+        :meth:`process` on each in turn, with the samples batches refined together
+        (:func:`pipelines.refine.refine_group`). Raises only on a bug."""
+        outs: list[Outcome | None] = [None] * len(recs)
+        pending: list[tuple[int, RawRecord, Batch]] = []
+
+        def flush() -> None:
+            if not pending:
+                return
+            items = [RawBatch(b, (r.partition, r.offset), r.append_ms * 1_000_000)
+                     for _, r, b in pending]  # fmt: skip
+            results = refine_group(
+                items, self.state, self.catalog, self._topology(), now_ns, self.settings
+            )
+            for (i, r, b), res in zip(pending, results, strict=True):
+                outs[i] = self._samples(r, b, res, now_ns)
+            pending.clear()
+
+        for i, rec in enumerate(recs):
+            ct = content_type_of(rec.headers)
+            try:
+                batch = decode(rec.value, ct)
+            except RejectedInput as e:
+                outs[i] = self._reject_record(rec, ct, e, now_ns)
+                continue
+            self._ensure(batch)
+            src = batch.envelope.source
+            position = (rec.partition, rec.offset)
+            window = self.state.seqs.get(src.key())
+            if window is not None and window.positions.get(batch.envelope.seq) == position:
+                n = batch.table.num_rows
+                outs[i] = Outcome([], "replay", n, 0, 0, 0, {}, src.stream_key(), None, None)
+            elif batch.envelope.kind is PayloadKind.SAMPLES:
+                pending.append((i, rec, batch))
+            else:
+                flush()  # records share the sources' seq windows and clocks: keep the order
+                outs[i] = self._records(rec, batch, now_ns)
+        flush()
+        return [o for o in outs if o is not None]
+
+    def _samples(self, rec: RawRecord, batch: Batch, r: RefineResult, now_ns: int) -> Outcome:
         src = batch.envelope.source
         position = (rec.partition, rec.offset)
-        r = refine_batch(
-            batch,
-            position,
-            rec.append_ms * 1_000_000,
-            self.state,
-            self.catalog,
-            self._topology(),
-            now_ns,
-            self.settings,
-        )
         self._dirty_streams.add(src.stream_key())
         self._dirty_nodes.add(src.node)
         msgs: list[OutMessage] = []

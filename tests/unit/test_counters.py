@@ -7,7 +7,14 @@ import pyarrow.compute as pc
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipelines.counters import CounterColumns, CounterState, StateDecoder, derive_rates
+from pipelines.counters import (
+    CounterColumns,
+    CounterPart,
+    CounterState,
+    StateDecoder,
+    derive_rates,
+    derive_rates_group,
+)
 from pipelines.validate import validate_samples
 from schemas.catalog import Catalog, Kind, Metric, Origin, Overflow
 from schemas.wire import SAMPLES_SCHEMA
@@ -188,43 +195,61 @@ def test_property_shuffled_timestamps_never_give_negative_rates(pts: list[tuple[
 
 @settings(max_examples=100, deadline=None)
 @given(
-    st.lists(
-        st.tuples(
-            st.lists(st.integers(0, 2**32 - 1), min_size=6, max_size=6),
-            st.integers(-2, 5),
-            st.booleans(),
+    st.lists(  # rounds; in each, every stream sends one batch
+        st.lists(  # streams
+            st.tuples(
+                st.lists(st.integers(0, 2**32 - 1), min_size=6, max_size=6),
+                st.lists(st.integers(-2, 5), min_size=6, max_size=6),  # per-row ts steps
+                st.booleans(),  # boot change
+                st.integers(0, 6),  # rows kept (series missing from a batch)
+            ),
+            min_size=3,
+            max_size=3,
         ),
         min_size=1,
-        max_size=12,
+        max_size=8,
     )
 )
-def test_property_positional_fast_path_equals_lookup_path(
-    steps: list[tuple[list[int], int, bool]],
+def test_property_group_equals_one_stream_at_a_time(
+    rounds: list[list[tuple[list[int], list[int], bool, int]]],
 ) -> None:
-    """Batches with an unchanged series layout take the positional path; the result must be
-    the one the sort-and-lookup path gives (a state without its layout forces that path)."""
-    metrics = ["c.w32", "c.w64", "c.sat32"] * 2
-    devices = ["mlx5_0/1"] * 3 + ["mlx5_1/1"] * 3
-    fast, slow = CounterState(), CounterState()
+    """derive_rates_group over several streams' rows at once gives each stream the columns
+    and state that derive_rates gives it alone, through wraps, resets, boot changes, repeated
+    and out-of-order timestamps and series that come and go."""
+    metrics = ["c.w32", "c.w64", "c.sat32", "c.w32", "c.w32", "g.state"]
+    devices = ["mlx5_0/1", "mlx5_0/1", "mlx5_0/1", "mlx5_1/1", "mlx5_1/1", "gpu0"]
+    alone = [CounterState() for _ in range(3)]
+    grouped = [CounterState() for _ in range(3)]
     t = NOW
-    for raws, step, boot_change in steps:
-        t += step * S
-        boot = "b2" if boot_change else "b1"
-        tbl = pa.table(
-            {
-                "ts_ns": pa.array([t] * 6, pa.int64()),
-                "metric": metrics,
-                "device": devices,
-                "value": pa.nulls(6, pa.float64()),
-                "raw": pa.array(raws, pa.uint64()),
-                "text": pa.nulls(6, pa.string()),
-            },
-            schema=SAMPLES_SCHEMA,
-        )
-        acc = validate_samples(tbl, CAT, NOW).accepted
-        ts = pa.array([t] * 6, pa.int64())
-        a, fast = derive_rates(acc, ts, boot, fast)
-        b, slow = derive_rates(acc, ts, boot, CounterState(slow.table))
+    for streams in rounds:
+        t += S
+        accs, tss, boots = [], [], []
+        for raws, steps, boot_change, keep in streams:
+            ts = [t + d * S // 2 for d in steps][:keep]
+            tbl = pa.table(
+                {
+                    "ts_ns": pa.array(ts, pa.int64()),
+                    "metric": metrics[:keep],
+                    "device": devices[:keep],
+                    "value": pa.nulls(keep, pa.float64()),
+                    "raw": pa.array(raws[:keep], pa.uint64()),
+                    "text": pa.nulls(keep, pa.string()),
+                },
+                schema=SAMPLES_SCHEMA,
+            )
+            accs.append(validate_samples(tbl, CAT, NOW).accepted)
+            tss.append(pa.array(ts, pa.int64()))
+            boots.append("b2" if boot_change else "b1")
+        want = []
+        for j in range(3):
+            cols, alone[j] = derive_rates(accs[j], tss[j], boots[j], alone[j])
+            want.append(cols)
+        parts = [
+            CounterPart(a.num_rows, b, g) for a, b, g in zip(accs, boots, grouped, strict=True)
+        ]
+        got, grouped = derive_rates_group(pa.concat_tables(accs), pa.concat_arrays(tss), parts)
         for name in ("delta", "rate", "reset", "late", "null_reason"):
-            assert getattr(a, name).to_pylist() == getattr(b, name).to_pylist(), name
-        assert sorted(fast.table.to_pylist(), key=str) == sorted(slow.table.to_pylist(), key=str)
+            expect = [x for c in want for x in getattr(c, name).to_pylist()]
+            assert getattr(got, name).to_pylist() == expect, name
+        for j in range(3):
+            assert grouped[j].table.equals(alone[j].table)
