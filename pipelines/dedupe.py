@@ -121,6 +121,8 @@ class OverlapState:
     (as :attr:`table` gives it, for changelog encoding)."""
 
     sources: dict[str, pa.Table] = field(default_factory=dict)
+    # the joined point keys of each source's table, computed once (a cache, not state)
+    keys: dict[str, Array] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if isinstance(self.sources, pa.Table):
@@ -172,33 +174,45 @@ def drop_overlaps(
     n = len(metric)
     if n == 0:
         return OverlapResult(pa.array([], pa.bool_()), 0), state
-    others = [t for src, t in state.sources.items() if src != source and t.num_rows]
+    others = [src for src, t in state.sources.items() if src != source and t.num_rows]
     dup_count = 0
     keep = None
+    points = _points(metric, device, ts_source)
     if others:
-        seen = pa.concat_arrays(
-            [_points(column(t, "metric"), column(t, "device"), column(t, "ts")) for t in others]
-        )
-        hit = pc.is_in(_points(metric, device, ts_source), value_set=seen)
+        seen = [_keys_of(state, src) for src in others]
+        hit = pc.is_in(points, value_set=seen[0] if len(seen) == 1 else pa.concat_arrays(seen))
         if any_true(hit):
             keep = pc.invert(hit)
             dup_count = n - (pc.sum(keep).as_py() or 0)
     mine = pa.Table.from_arrays([metric, device, ts_source], schema=POINTS_SCHEMA)
     if keep is not None:
         mine = mine.filter(keep)
+        points = points.filter(keep)
     old = state.sources.get(source)
     sources = dict(state.sources)
+    keys = {k: v for k, v in state.keys.items() if k != source}
     if old is None or (
         not dup_count
         and column(old, "metric").equals(metric)
         and column(old, "device").equals(device)
     ):
         sources[source] = mine  # same series as last time: a plain replacement
+        keys[source] = points
     else:
         sources[source] = _merge_series(old, mine)
     if keep is None:
         keep = pa.repeat(pa.scalar(True), n)
-    return OverlapResult(keep, dup_count), OverlapState(sources)
+    return OverlapResult(keep, dup_count), OverlapState(sources, keys)
+
+
+def _keys_of(state: OverlapState, source: str) -> Array:
+    got = state.keys.get(source)
+    if got is None:
+        t = state.sources[source]
+        got = state.keys[source] = _points(
+            column(t, "metric"), column(t, "device"), column(t, "ts")
+        )
+    return got
 
 
 def _merge_series(old: pa.Table, new: pa.Table) -> pa.Table:

@@ -45,8 +45,6 @@ from schemas.records import Alert, AlertState, DeadLetter, Severity
 from schemas.wire import Batch, PayloadKind
 from services.worker.state import StreamState, decode_overlap, encode_overlap
 
-LINEAGE_KEY = b"refinery.lineage"
-
 
 @dataclass(frozen=True)
 class RawRecord:
@@ -91,12 +89,22 @@ class Outcome:
     freshness_ns: int | None  # broker append time - newest aligned ts
 
 
-def arrow_bytes(table: pa.Table, metadata: dict[bytes, bytes] | None = None) -> bytes:
-    sink = pa.BufferOutputStream()
-    schema = table.schema.with_metadata(metadata) if metadata else table.schema
-    with pa.ipc.new_stream(sink, schema) as w:
-        w.write_table(table)
-    return bytes(sink.getvalue().to_pybytes())
+_EOS = b"\xff\xff\xff\xff\x00\x00\x00\x00"  # IPC end-of-stream marker
+_SCHEMA_BYTES: dict[pa.Schema, bytes] = {}
+
+
+def arrow_bytes(table: pa.Table) -> bytes:
+    """``table`` as one Arrow IPC stream (schema, record batches, end marker). The schema
+    message is serialized once per schema; a sliced table writes only its rows."""
+    head = _SCHEMA_BYTES.get(table.schema)
+    if head is None:
+        head = table.schema.serialize().to_pybytes()
+        if len(_SCHEMA_BYTES) < 64:
+            _SCHEMA_BYTES[table.schema] = head
+    parts = [head]
+    parts += [b.serialize().to_pybytes() for b in table.to_batches() if b.num_rows]
+    parts.append(_EOS)
+    return b"".join(parts)
 
 
 class Refiner:
@@ -243,7 +251,7 @@ class Refiner:
                 OutMessage(
                     self.topics.refined,
                     key,
-                    arrow_bytes(r.refined, {LINEAGE_KEY: header}),
+                    arrow_bytes(r.refined),
                     [("content-type", ARROW.encode()), ("lineage", header)],
                 )
             )
