@@ -160,24 +160,32 @@ class OverlapResult:
     duplicates: int
 
 
-def _points(metric: Array, device: Array, ts: Array) -> Array:
+def overlap_points(metric: Array, device: Array, ts: Array) -> Array:
+    """The key :func:`drop_overlaps` compares rows by: ``metric|device|ts``."""
     key = pc.binary_join_element_wise(metric, device, "|")
     return pc.binary_join_element_wise(key, pc.cast(ts, pa.string()), "|")
 
 
 def drop_overlaps(
-    metric: Array, device: Array, ts_source: Array, source: str, state: OverlapState
+    metric: Array,
+    device: Array,
+    ts_source: Array,
+    source: str,
+    state: OverlapState,
+    points: Array | None = None,
 ) -> tuple[OverlapResult, OverlapState]:
     """Find rows of one batch (all from ``source``, a stream key) already delivered by
     another source of the same node. Returns the keep mask and the new state; ``state`` is
-    not modified. Never raises on data."""
+    not modified. ``points`` may give :func:`overlap_points` of the rows, if computed
+    already. Never raises on data."""
     n = len(metric)
     if n == 0:
         return OverlapResult(pa.array([], pa.bool_()), 0), state
     others = [src for src, t in state.sources.items() if src != source and t.num_rows]
     dup_count = 0
     keep = None
-    points = _points(metric, device, ts_source)
+    if points is None:
+        points = overlap_points(metric, device, ts_source)
     if others:
         seen = [_keys_of(state, src) for src in others]
         hit = pc.is_in(points, value_set=seen[0] if len(seen) == 1 else pa.concat_arrays(seen))
@@ -209,7 +217,7 @@ def _keys_of(state: OverlapState, source: str) -> Array:
     got = state.keys.get(source)
     if got is None:
         t = state.sources[source]
-        got = state.keys[source] = _points(
+        got = state.keys[source] = overlap_points(
             column(t, "metric"), column(t, "device"), column(t, "ts")
         )
     return got

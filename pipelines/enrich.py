@@ -110,7 +110,7 @@ class TopologyIndex:
         self._fabric_bounds = sorted(bounds_fabric)
         self._cache: OrderedDict[tuple[str, int], tuple[dict[str, Row], pa.Table]] = OrderedDict()
         self._cache_size = cache_size
-        self._last: dict[str, tuple[int, Array, pa.Table]] = {}  # node → its last answer
+        self._last: dict[tuple[str, int], tuple[int, Array, pa.Table]] = {}  # (node, rows)
         self._spines: dict[tuple[str, int], str | None] = {}  # (leaf, fabric version) → spine
         self.resolutions = 0  # (node, interval, device) resolutions done: cache misses
 
@@ -253,9 +253,10 @@ class TopologyIndex:
         bounds = self._bounds.get(node, self._fabric_bounds)
         inside = bounds[bisect.bisect_right(bounds, lo) : bisect.bisect_right(bounds, hi)]
         epoch = bisect.bisect_right(bounds, lo)
-        last = self._last.get(node)
+        slot = (node, n)  # a node's sources differ in their row counts, mostly
+        last = self._last.get(slot)
         if not inside and last is not None and last[0] == epoch and last[1].equals(device):
-            return last[2]  # same devices in the same version as the node's previous batch
+            return last[2]  # same devices in the same version as this source's previous batch
         devices = pc.unique(device).to_pylist()
         table = self._table(node, lo, devices)
         out = table.take(pc.index_in(device, value_set=table.column("device"))).drop_columns(
@@ -264,7 +265,7 @@ class TopologyIndex:
         if not inside:
             if len(self._last) >= self._cache_size:
                 self._last.clear()
-            self._last[node] = (epoch, device, out)
+            self._last[slot] = (epoch, device, out)
         for b in inside:  # rows at or after a boundary take the next version
             later = pc.greater_equal(ts, b)
             nxt_t = self._table(node, b, devices)

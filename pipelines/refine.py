@@ -23,7 +23,14 @@ import pyarrow.compute as pc
 from pipelines._arrow import column, true_mask
 from pipelines.clock import ClockEstimate, ClockEstimator, ClockSettings, align
 from pipelines.counters import CounterPart, CounterState, StateDecoder, derive_rates_group
-from pipelines.dedupe import OverlapState, Position, SeqOutcome, SeqWindow, drop_overlaps
+from pipelines.dedupe import (
+    OverlapState,
+    Position,
+    SeqOutcome,
+    SeqWindow,
+    drop_overlaps,
+    overlap_points,
+)
 from pipelines.enrich import TopologyIndex
 from pipelines.validate import (
     LayoutCache,
@@ -158,8 +165,6 @@ class _Live:
     item: RawBatch
     seq_outcome: SeqOutcome
     clock: ClockEstimate
-    start: int = 0  # first row in the wave's concatenated input
-    accepted: pa.Table | None = None
     dup: int = 0
 
 
@@ -212,28 +217,27 @@ def _refine_wave(
             sub = tables[j]
             detail = reject_detail(group.reason, sub, pa.array(local), settings.limits, now_ns)
             rejected[j].append(RejectedRows(group.reason, detail, local.tolist()))
-    for j, x in enumerate(live):
-        x.start = int(starts[j])
-        x.accepted = v.accepted.slice(int(cuts[j]), int(cuts[j + 1] - cuts[j]))
 
     # overlapping sources of a node: in order, against the state left by the batches before
-    parts: list[pa.Table] = []
-    for x in live:
+    accepted = v.accepted
+    metric, device, ts_src = (column(accepted, c) for c in ("metric", "device", "ts_ns"))
+    points = overlap_points(metric, device, ts_src)
+    keeps: list[Any] = []
+    for j, x in enumerate(live):
         src = x.item.batch.envelope.source
-        acc = x.accepted
-        assert acc is not None
+        lo, m = int(cuts[j]), int(cuts[j + 1] - cuts[j])
         ov_state = state.overlaps.get(src.node, OverlapState())
         ov, state.overlaps[src.node] = drop_overlaps(
-            column(acc, "metric"), column(acc, "device"), column(acc, "ts_ns"),
-            src.stream_key(), ov_state,
+            metric.slice(lo, m), device.slice(lo, m), ts_src.slice(lo, m),
+            src.stream_key(), ov_state, points.slice(lo, m),
         )  # fmt: skip
-        if ov.duplicates:
-            acc = x.accepted = acc.filter(ov.keep)
         x.dup = ov.duplicates
-        parts.append(acc)
-    counts = np.array([p.num_rows for p in parts], dtype=np.int64)
+        keeps.append(ov.keep)
+    counts = np.array([int(cuts[j + 1] - cuts[j]) - x.dup for j, x in enumerate(live)])
     rstart = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-    acc = parts[0] if len(parts) == 1 else pa.concat_tables(parts)
+    acc = accepted
+    if any(x.dup for x in live):
+        acc = accepted.filter(pa.concat_arrays(keeps) if len(keeps) > 1 else keeps[0])
     m_all = acc.num_rows
 
     # clock alignment, vectorized with each row's own batch estimate
@@ -273,10 +277,11 @@ def _refine_wave(
         late_all = pc.or_(late_all, true_mask(pc.less(ts, floor)))
 
     enr_parts = []
+    acc_device = column(acc, "device")
     for j, x in enumerate(live):
         lo, m = int(rstart[j]), int(counts[j])
         node = x.item.batch.envelope.source.node
-        enr_parts.append(topology.enrich(node, column(parts[j], "device"), ts.slice(lo, m)))
+        enr_parts.append(topology.enrich(node, acc_device.slice(lo, m), ts.slice(lo, m)))
     enr = enr_parts[0] if len(enr_parts) == 1 else pa.concat_tables(enr_parts)
 
     def per_batch(values: list[Any], typ: pa.DataType) -> Any:
@@ -285,7 +290,7 @@ def _refine_wave(
     srcs = [x.item.batch.envelope.source for x in live]
     arrays = {
         "node": per_batch([s.node for s in srcs], pa.string()),
-        "device": column(acc, "device"),
+        "device": acc_device,
         "metric": column(acc, "metric"),
         "unit": column(acc, "unit"),
         "ts": ts,
