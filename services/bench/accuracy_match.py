@@ -70,12 +70,7 @@ class Detection:
 
     def short(self) -> dict[str, Any]:
         return {
-            "id": self.id,
-            "rule": self.rule,
-            "entity": self.entity,
-            "start_ns": self.start_ns,
-            "end_ns": self.end_ns,
-            "cause": self.cause,
+            k: getattr(self, k) for k in ("id", "rule", "entity", "start_ns", "end_ns", "cause")
         }
 
 
@@ -200,7 +195,7 @@ def _detail(row: Mapping[str, Any]) -> dict[str, Any]:
     return dict(d or {})
 
 
-def _on(rule: str, entity: str, t0: int, t1: int) -> Callable[[Detection], bool]:
+def on_entity(rule: str, entity: str, t0: int, t1: int) -> Callable[[Detection], bool]:
     """Matches a detection of ``rule`` on ``entity`` overlapping ``[t0, t1]``."""
     return lambda d: d.rule == rule and d.entity == entity and d.overlaps(t0, t1)
 
@@ -227,14 +222,14 @@ def incident_signals(row: Mapping[str, Any], slack_ns: int) -> list[Signal]:
     if kind == "throttle":
         rule = THROTTLE_RULE.get(str(det.get("cause")), "gpu_thermal_throttle")
         out = [
-            sig(rule, gpu, True, _on(rule, gpu, t0, t1)),
-            sig("episode:throttling", gpu, True, _on("episode:throttling", gpu, t0, t1)),
+            sig(rule, gpu, True, on_entity(rule, gpu, t0, t1)),
+            sig("episode:throttling", gpu, True, on_entity("episode:throttling", gpu, t0, t1)),
         ]
         if rule == "gpu_thermal_throttle":  # the die heats past 85 degC: true, not required
-            out.append(sig("gpu_temp_high", gpu, False, _on("gpu_temp_high", gpu, t0, t1)))
+            out.append(sig("gpu_temp_high", gpu, False, on_entity("gpu_temp_high", gpu, t0, t1)))
         return out
     if kind == "link_flap":
-        return [sig("nic_link_down", gpu, True, _on("nic_link_down", gpu, t0, t1))]
+        return [sig("nic_link_down", gpu, True, on_entity("nic_link_down", gpu, t0, t1))]
     if kind == "pfc_storm":
         return _storm_signals(row, det, t0, t1, sig)
     if kind == "reset":
@@ -314,39 +309,6 @@ def clock_signals(
     return out
 
 
-def run_signals(
-    late_inputs: Iterable[Mapping[str, Any]], lags: Iterable[Mapping[str, Any]], slack_ns: int
-) -> list[Signal]:
-    """Alerts the benchmark run itself explains, not an incident of the simulated cluster:
-
-    - ``late_inputs`` rows ``{node, exporter, t0_ns, t1_ns, late_s}``: records of one source
-      reached the broker so late (the simulator running behind its schedule on a busy
-      machine) that its clock *appeared* more than 1 s off — one-way stamps cannot tell a
-      delay from an offset; ``t0``..``t1`` from the first late append to the last one's
-      processing (the refiner stamps clock alerts with processing time);
-    - ``lags`` rows ``{t0_ns, t1_ns, lag_s}``: the refiner was behind by more than the
-      ``refined_freshness`` threshold (an alert about the pipeline, and a true one)."""
-    out: list[Signal] = []
-    for r in late_inputs:
-        src = f"{r['node']}|{r['exporter']}|"
-        t0, t1 = int(r["t0_ns"]) - slack_ns, int(r["t1_ns"]) + slack_ns
-        why = f"input late: up to {float(r['late_s']):.1f} s, the simulator behind schedule"
-
-        def late(d: Detection, src: str = src, t0: int = t0, t1: int = t1) -> bool:
-            return d.rule == "clock_offset" and d.entity.startswith(src) and d.overlaps(t0, t1)
-
-        out.append(Signal("run", "run", why, src + "*", False, late))
-    for r in lags:
-        t0, t1 = int(r["t0_ns"]) - slack_ns, int(r["t1_ns"]) + slack_ns
-        why = f"refiner behind: up to {float(r['lag_s']):.0f} s"
-        out.append(
-            Signal(
-                "run", "run", why, "pipeline", False, _on("refined_freshness", "pipeline", t0, t1)
-            )
-        )
-    return out
-
-
 def score(
     incidents: Iterable[Mapping[str, Any]],
     clocks: Iterable[Mapping[str, Any]],
@@ -360,7 +322,8 @@ def score(
 ) -> AccuracyReport:
     """Score alerts and episodes of a run ``[start, end)`` (true ns) against its truth.
     Incidents starting at or after ``end`` never happened and are dropped. A detection no
-    incident explains but one of ``explained`` (:func:`run_signals`) does is listed in
+    incident explains but one of ``explained`` (e.g. :func:`services.bench.accuracy.
+    run_signals`) does is listed in
     ``excluded`` with the reason, and scored neither way."""
     end = run[1]
     happened = [i for i in incidents if int(i["start_ns"]) < end]

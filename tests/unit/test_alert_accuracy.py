@@ -188,7 +188,7 @@ def test_reset_and_run_end_silences_and_wraps() -> None:
 
 
 def test_alerts_the_run_explains_are_excluded_not_scored() -> None:
-    from services.bench.accuracy_match import run_signals
+    from services.bench.accuracy import run_signals
 
     clocks = [{"node": "n1", "offset_ns": 0, "drift_ppm": 0.0, "synced": True, "steps": []}]
     late = [{"node": "n1", "exporter": "node", "t0_ns": 70 * S, "t1_ns": 80 * S, "late_s": 1.3}]
