@@ -39,6 +39,7 @@ from services.settings import KafkaSettings
 from services.telemetry import ServiceTelemetry
 from services.worker.feed import TopologyFeed
 from services.worker.refiner import Outcome, OutMessage, OutputTopics, RawRecord, Refiner
+from services.worker.watch import CommitWatch
 
 log = logging.getLogger(__name__)
 
@@ -72,17 +73,21 @@ class WorkerConfig:
 
 
 class Progress:
-    """What /health reports: whether groups keep completing while input waits."""
+    """What /health reports: whether groups keep completing while input waits, and whether
+    the group's committed offsets move while the broker holds input for this worker."""
 
     def __init__(self) -> None:
         self.last_group_done = time.monotonic()
         self.last_group_started = 0.0
         self.groups = 0
         self.records = 0
+        self.commit_stalled_s = 0.0  # input waiting while committed offsets stood still
 
     def healthy(self, stall_after_s: float) -> bool:
         busy = self.last_group_started > self.last_group_done
-        return not (busy and time.monotonic() - self.last_group_started > stall_after_s)
+        if busy and time.monotonic() - self.last_group_started > stall_after_s:
+            return False
+        return self.commit_stalled_s <= stall_after_s
 
 
 def build_app(
@@ -236,12 +241,32 @@ def build_app(
             raise RuntimeError(f"topology feed failed: {feed.error}")
         log.info("topology feed %s", "caught up" if caught else "not caught up after 60 s")
 
+    commits = CommitWatch(kafka.librdkafka(), cfg.app_id)
+    inputs = {cfg.inputs.raw, cfg.inputs.events, cfg.inputs.collectives}
+
+    @app.on_partitions_assigned.connect  # type: ignore[arg-type]
+    async def on_assigned(app_: Any, assigned: Any, **kwargs: Any) -> None:
+        commits.restart()
+
     @app.timer(interval=5.0)  # type: ignore[untyped-decorator]
     async def watch() -> None:
         if feed.error is not None:
             raise RuntimeError(f"topology feed failed: {feed.error}")
+        owned = [(tp.topic, tp.partition) for tp in app.consumer.assignment()
+                 if tp.topic in inputs]  # fmt: skip
+        try:
+            stalled = await asyncio.get_running_loop().run_in_executor(None, commits.check, owned)
+        except Exception as e:  # the broker did not answer: not evidence of a stall
+            log.warning("commit watch: %s", e)
+            stalled = 0.0
+        progress.commit_stalled_s = stalled
         telemetry.gauge("worker.groups", progress.groups)
+        telemetry.gauge("worker.lag", commits.lag)
         telemetry.gauge("worker.healthy", 1.0 if progress.healthy(cfg.stall_after_s) else 0.0)
+        if stalled > 2 * cfg.stall_after_s:
+            raise RuntimeError(
+                f"no commit progress for {stalled:.0f}s with {commits.lag} records waiting"
+            )
 
     @app.page("/health")
     async def health(web: Any, request: Any) -> Any:
@@ -251,6 +276,8 @@ def build_app(
             "groups": progress.groups,
             "records": progress.records,
             "since_last_group_s": round(time.monotonic() - progress.last_group_done, 1),
+            "commit_stalled_s": round(progress.commit_stalled_s, 1),
+            "lag": commits.lag,
         }
         return web.json(body, status=200 if ok else 503)
 

@@ -1,0 +1,69 @@
+"""Commit progress as the broker sees it: the worker's own liveness signal.
+
+A worker can hold partitions, answer its web port and still refine nothing (a fetch that never
+resumes after a rebalance, say). :class:`CommitWatch` asks the broker, from a thread, for the
+group's committed offsets and the end offsets of the partitions this worker owns; while input
+waits (lag > 0) and the committed offsets do not move, the stall grows. The worker reports
+itself unhealthy after ``stall_after_s`` and exits non-zero after twice that, so whatever
+supervises it starts a fresh one; nothing is lost, since uncommitted input is replayed.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+
+class CommitWatch:
+    """Lag and commit progress of ``group`` over a set of partitions. Thread-safe."""
+
+    def __init__(self, conf: dict[str, Any], group: str) -> None:
+        self._conf = {**conf, "group.id": group, "enable.auto.commit": False}
+        self._consumer: Any = None
+        self._lock = threading.Lock()
+        self._last: dict[tuple[str, int], int] = {}
+        self._since = time.monotonic()
+        self.lag = 0
+
+    def restart(self) -> None:
+        """Partitions moved: measure the stall from now."""
+        with self._lock:
+            self._last.clear()
+            self._since = time.monotonic()
+
+    def check(self, partitions: list[tuple[str, int]]) -> float:
+        """Query the broker (blocking, a few ms) and return for how many seconds input has
+        been waiting with no commit progress (0 when nothing waits or commits moved)."""
+        from confluent_kafka import Consumer, TopicPartition
+
+        with self._lock:
+            if self._consumer is None:
+                self._consumer = Consumer(self._conf)
+            now = time.monotonic()
+            if not partitions:
+                self._since, self.lag = now, 0
+                return 0.0
+            tps = [TopicPartition(t, p) for t, p in partitions]
+            committed = {
+                (tp.topic, tp.partition): tp.offset
+                for tp in self._consumer.committed(tps, timeout=10)
+            }
+            lag = 0
+            for t, p in partitions:
+                lo, hi = self._consumer.get_watermark_offsets(
+                    TopicPartition(t, p), timeout=10, cached=False
+                )
+                pos = committed.get((t, p), -1)
+                lag += max(0, hi - max(pos, lo))
+            self.lag = lag
+            if lag == 0 or committed != self._last:
+                self._since = now
+            self._last = committed
+            return now - self._since
+
+    def close(self) -> None:
+        with self._lock:
+            if self._consumer is not None:
+                self._consumer.close()
+                self._consumer = None

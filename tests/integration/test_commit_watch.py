@@ -1,0 +1,45 @@
+"""CommitWatch against a real broker: a stall grows only while input waits and the group's
+committed offsets stand still; a commit or an empty backlog resets it."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable
+
+from confluent_kafka import Consumer, Producer, TopicPartition
+
+from services.worker.watch import CommitWatch
+
+
+def test_stall_grows_while_input_waits_and_resets_on_commit(
+    kafka_conf: dict[str, object], unique_topic: Callable[..., str]
+) -> None:
+    topic = unique_topic("watch", partitions=2)
+    group = f"watch-{uuid.uuid4().hex[:8]}"
+    watch = CommitWatch(dict(kafka_conf), group)
+    try:
+        assert watch.check([(topic, 0), (topic, 1)]) == 0.0  # nothing waits
+        p = Producer(dict(kafka_conf))
+        for i in range(10):
+            p.produce(topic, value=b"x", partition=i % 2)
+        assert p.flush(30) == 0
+        first = watch.check([(topic, 0), (topic, 1)])
+        time.sleep(1.2)
+        second = watch.check([(topic, 0), (topic, 1)])
+        assert watch.lag == 10
+        assert second >= first + 1.0
+
+        c = Consumer({**kafka_conf, "group.id": group, "enable.auto.commit": False})
+        c.commit(offsets=[TopicPartition(topic, 0, 5)], asynchronous=False)
+        assert watch.check([(topic, 0), (topic, 1)]) < 0.5  # the commit moved: progress
+        assert watch.lag == 5
+        c.commit(offsets=[TopicPartition(topic, 1, 5)], asynchronous=False)
+        c.close()
+        time.sleep(0.5)
+        assert watch.check([(topic, 0), (topic, 1)]) == 0.0
+        assert watch.lag == 0
+        watch.restart()
+        assert watch.check([]) == 0.0
+    finally:
+        watch.close()
