@@ -40,18 +40,30 @@ def add_parser(sub: Any) -> None:
         default=0.9,
         help="± range of that assumption; part of every error bound (default 0.9)",
     )
+    p.add_argument(
+        "--replication-factor",
+        type=int,
+        help="replication of the worker's own topics (table changelogs); "
+        "default: that of the raw topic",
+    )
     p.add_argument("--loglevel", default="warning")
     p.set_defaults(handler=run)
 
 
 def _partitions(conf: dict[str, Any], topic: str, default: int) -> int:
+    return _shape(conf, topic, (default, 1))[0]
+
+
+def _shape(conf: dict[str, Any], topic: str, default: tuple[int, int]) -> tuple[int, int]:
+    """(partitions, replicas of partition 0) of ``topic``, or ``default`` if it is absent."""
     from confluent_kafka.admin import AdminClient
 
     md = AdminClient({**conf, "log_level": 3}).list_topics(topic, timeout=15)
     t = md.topics.get(topic)
     if t is None or t.error is not None or not t.partitions:
         return default
-    return len(t.partitions)
+    first = t.partitions.get(0)
+    return len(t.partitions), len(first.replicas) if first is not None else default[1]
 
 
 def run(args: argparse.Namespace, settings: RefinerySettings) -> int:
@@ -99,6 +111,7 @@ def run(args: argparse.Namespace, settings: RefinerySettings) -> int:
         inputs=inputs,
         outputs=outputs,
         raw_partitions=args.raw_partitions or _partitions(conf, inputs.raw, 8),
+        replication_factor=args.replication_factor or _shape(conf, inputs.raw, (8, 1))[1],
         record_partitions=_partitions(conf, inputs.events, 4),
         data_dir=Path(args.data_dir) if args.data_dir else settings.home / "worker",
         web_port=args.web_port or None,
