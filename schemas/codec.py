@@ -136,15 +136,18 @@ def _conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
             col = table.column(field.name)
             if pa.types.is_dictionary(col.type):
                 col = col.cast(col.type.value_type)
-            try:
-                col = col.cast(field.type)
-            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
-                raise RejectedInput(
-                    Reason.SCHEMA_MISMATCH, f"column {field.name}: {col.type} is not {field.type}"
-                ) from e
+            if col.type != field.type:
+                try:
+                    col = col.cast(field.type)
+                except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+                    raise RejectedInput(
+                        Reason.SCHEMA_MISMATCH,
+                        f"column {field.name}: {col.type} is not {field.type}",
+                    ) from e
             if not field.nullable and col.null_count:
                 raise RejectedInput(Reason.SCHEMA_MISMATCH, f"column {field.name} has nulls")
-            if pa.types.is_string(field.type) and len(col):
+            # no string can be longer than all the column's bytes: skip the scan when small
+            if pa.types.is_string(field.type) and col.nbytes > MAX_STRING_BYTES:
                 longest = pc.max(pc.binary_length(col)).as_py() or 0
                 if longest > MAX_STRING_BYTES:
                     raise RejectedInput(
