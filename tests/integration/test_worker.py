@@ -149,7 +149,13 @@ def test_corrupt_state_crashes_the_worker_nonzero(
     p.flush(10)
     p.poll(1)
     p.flush(10)
-    with running_worker(kafka_bootstrap, prefix, tmp_path, app_id=app_id) as w:
-        rc = w.proc.wait(120)
-        assert rc != 0, w.tail()
-        assert "not a refinery state blob" in w.log.read_text(errors="replace")
+    for _ in range(2):
+        with running_worker(kafka_bootstrap, prefix, tmp_path, app_id=app_id) as w:
+            rc = w.proc.wait(120)
+            assert rc != 0, w.tail()
+            log = w.log.read_text(errors="replace")
+        if "no commit progress" not in log:
+            break
+        # the consumer stalled before the record reached the agent (a Faust fetch stall, which
+        # the commit watch turns into an exit): as its supervisor would, start it again
+    assert "not a refinery state blob" in log
