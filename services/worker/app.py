@@ -63,9 +63,10 @@ class WorkerConfig:
     replication_factor: int = 1
     data_dir: Path = Path(".refinery/worker")
     web_port: int | None = 6066
-    # A group is processed without yielding to the event loop between its records' refine
-    # steps (milliseconds each); keep it short so heartbeats and fetches stay timely.
-    take_max: int = 200
+    # A group's outputs are acknowledged and its state checkpointed once: a large group
+    # under backlog writes each stream's state once for several of its batches. It yields
+    # to the event loop between chunks (heartbeats run in the consumer's own thread).
+    take_max: int = 600
     take_within_s: float = 0.25
     refine_chunk: int = 100  # records refined in one call (one vectorized pass per wave)
     stall_after_s: float = 30.0
