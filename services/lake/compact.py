@@ -4,7 +4,10 @@ Protocol (each step is crash-safe, readers are correct after any prefix of it):
 
 1. Under an exclusive lock (``<root>/.compact.lock``), list the live files of the hour.
 2. For a partition with two or more live files, read them, sort by the dataset's sort key and
-   write ``.compact-p<part>-<min first>-<max last>.parquet.partial``; fsync.
+   write ``.compact-p<part>-<min first>-<max last>.parquet.partial``; fsync. Samples are cut
+   into 5-minute slabs of ``ts`` first: each slab is sorted by the key and starts a new row
+   group, so a query over a window reads the slabs it overlaps, not the whole hour (row-group
+   statistics on ``ts`` prune the rest), and every row group is still sorted by the key.
 3. Rename it to ``p<part>-<min first>-<max last>.parquet``; fsync the directory. This rename is
    the commit point: from now on the new file *covers* its inputs (their ranges lie inside its
    range, see :class:`~services.lake.layout.LandedFile`), and every reader — Python or the plain
@@ -21,6 +24,7 @@ file never covers a file it was not made from.
 from __future__ import annotations
 
 import fcntl
+import itertools
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -28,6 +32,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -40,6 +45,7 @@ from services.lake.layout import (
     LandedFile,
     file_name,
     fsync_dir,
+    fsync_file,
     live_files,
     parse_file_name,
     parse_hour,
@@ -53,6 +59,33 @@ from services.lake.writer import (
 )
 
 LOCK_NAME = ".compact.lock"
+SLAB_S = {"samples": 300.0}  # datasets compacted in time slabs, and the slab length
+
+
+def sort_into_slabs(
+    table: pa.Table, keys: tuple[str, ...], slab_ns: int
+) -> tuple[pa.Table, list[int]]:
+    """``table`` ordered by (``ts`` // ``slab_ns``, *keys*) and the row offsets where each
+    slab after the first starts."""
+    slab = np.floor_divide(table.column("ts").to_numpy(), slab_ns)
+    keyed = sort_table(table.append_column("_slab", pa.array(slab)), ("_slab", *keys))
+    ordered = keyed.column("_slab").to_numpy()
+    starts = (np.flatnonzero(np.diff(ordered)) + 1).tolist()
+    return keyed.drop_columns(["_slab"]), starts
+
+
+def write_slabs_durably(
+    table: pa.Table, path: Path, options: dict[str, object], starts: list[int]
+) -> None:
+    """Write ``table`` with a row group boundary at each offset of ``starts`` (and every
+    ``row_group_size`` rows in between) and fsync the file."""
+    opts = dict(options)
+    rows = opts.pop("row_group_size")
+    assert isinstance(rows, int)
+    with pq.ParquetWriter(path, table.schema, **opts) as w:
+        for a, e in itertools.pairwise([0, *starts, table.num_rows]):
+            w.write_table(table.slice(a, e - a), row_group_size=rows)
+    fsync_file(path)
 
 
 @dataclass
@@ -85,10 +118,12 @@ class Compactor:
         row_group_rows: int = 1 << 20,
         grace_s: float = 30.0,
         compression_level: int = 9,
+        slab_s: dict[str, float] | None = None,
         crash_at: str | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.paths = LakePaths(root)
+        self.slab_ns = {k: int(v * 1e9) for k, v in (SLAB_S if slab_s is None else slab_s).items()}
         self.compression_level = compression_level
         self.row_group_rows = row_group_rows
         self.grace_s = grace_s
@@ -165,12 +200,17 @@ class Compactor:
                 report.skipped.append(f"{f.path}: unknown columns {sorted(extra)}")
                 return None
             tables.append(conform(t, ds.schema))
-        merged = sort_table(encode_strings(pa.concat_tables(tables)), ds.sort_by)
+        merged = encode_strings(pa.concat_tables(tables))
+        slab_ns = self.slab_ns.get(dataset)
         name = file_name(part, min(f.first for f in inputs), max(f.last for f in inputs))
         tmp = hdir / f".compact-{name[:-8]}{PARTIAL_SUFFIX}"
         try:
             opts = write_options(ds.schema, self.row_group_rows, self.compression_level)
-            write_parquet_durably(merged, tmp, opts)
+            if slab_ns is not None:
+                ordered, starts = sort_into_slabs(merged, ds.sort_by, slab_ns)
+                write_slabs_durably(ordered, tmp, opts, starts)
+            else:
+                write_parquet_durably(sort_table(merged, ds.sort_by), tmp, opts)
             self.seam.reach("compact_before_rename")
             os.replace(tmp, hdir / name)
         except BaseException:

@@ -43,7 +43,7 @@ from services.lake.synth_lake import (
 )
 from services.lake.writer import LakeWriter
 
-GENERATOR_VERSION = 1  # bump when synth_lake's output changes: cached lakes are rebuilt
+GENERATOR_VERSION = 2  # bump when synth_lake's output changes: cached lakes are rebuilt
 WINDOW_S = {"job_busbw": 3600}
 DEFAULT_WINDOW_S = 900
 
@@ -77,9 +77,10 @@ def _rows_in(con: duckdb.DuckDBPyConnection, params: dict[str, str]) -> int:
 def time_queries(
     roots: dict[str, Path], params: dict[str, dict[str, str]], repeat: int
 ) -> dict[str, dict[str, Any]]:
-    """Per query: median seconds on each lake of ``roots`` (runs alternate between lakes,
-    after one untimed run each), the rows it returned, whether every lake returned the same
-    rows, and how many samples its window holds."""
+    """Per query: median wall seconds on each lake of ``roots`` (runs alternate between lakes,
+    after one untimed run each), the fastest run, median CPU seconds of all DuckDB threads
+    (less sensitive to other work on the machine), the rows it returned, whether every lake
+    returned the same rows, and how many samples its window holds."""
     cons = {k: sqlload.connect(r) for k, r in roots.items()}
     for c in cons.values():
         c.execute("SET enable_progress_bar = false")
@@ -89,15 +90,18 @@ def time_queries(
             k: sorted(map(repr, sqlload.run_query(c, name, p).fetchall())) for k, c in cons.items()
         }
         times: dict[str, list[float]] = {k: [] for k in roots}
+        cpu: dict[str, list[float]] = {k: [] for k in roots}
         for _ in range(repeat):
             for k, con in cons.items():
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
                 sqlload.run_query(con, name, p).fetchall()
                 times[k].append(time.perf_counter() - t0)
+                cpu[k].append(time.process_time() - c0)
         first = next(iter(results.values()))
         out[name] = {
             **{f"{k}_s": round(statistics.median(v), 3) for k, v in times.items()},
             **{f"{k}_min_s": round(min(v), 3) for k, v in times.items()},
+            **{f"{k}_cpu_s": round(statistics.median(v), 3) for k, v in cpu.items()},
             "result_rows": len(first),
             "same_results": all(r == first for r in results.values()),
             "window_samples": _rows_in(next(iter(cons.values())), p),

@@ -9,8 +9,10 @@ Python), in the samples dataset's sort order, and writes them twice:
 
 - ``compacted``: what :class:`~services.lake.compact.Compactor` leaves after a run: per hour,
   one ``p<partition>-<first>-<last>.parquet`` per source partition (nodes spread over
-  ``spec.partitions`` as the node-keyed topic does), rows sorted by the dataset's sort key,
-  the compactor's row-group size and zstd level, Hive layout ``date=/hour=``;
+  ``spec.partitions`` as the node-keyed topic does), in the compactor's time slabs, each
+  sorted by the dataset's sort key and starting a row group, with the compactor's row-group
+  size and zstd level, Hive layout ``date=/hour=`` (a test checks it against landing then
+  compacting the same rows);
 - ``single``: the same rows as one perfectly sorted Parquet file (same writer options), the
   limit the compacted lake is measured against.
 
@@ -274,9 +276,13 @@ class _RowGroupWriter:
         self.pending, self.buffered = ([rest] if rest.num_rows else []), rest.num_rows
         self.written += n
 
-    def close(self) -> None:
+    def cut(self) -> None:
+        """End the current row group here, however short."""
         if self.buffered:
             self._flush(self.buffered)
+
+    def close(self) -> None:
+        self.cut()
         self.writer.close()
 
 
@@ -292,23 +298,24 @@ class Lakes:
     bytes_single: int
 
 
-def _hour_slices(t: pa.Table) -> list[tuple[int, pa.Table]]:
-    """``t`` (one node, sorted by metric then ts) cut by UTC hour of ``ts``: within each
-    metric's run the hour's rows are contiguous, so each piece is zero-copy slices."""
+def _time_slices(t: pa.Table, widths: list[int]) -> list[tuple[int, pa.Table]]:
+    """``t`` (one node, sorted by metric then ts) cut at every multiple of each of ``widths``
+    (ns) of ``ts``, as (start of the piece's interval, piece). Within each metric's run an
+    interval's rows are contiguous, so a piece is slices, copied into one chunk."""
     ts = t.column("ts").to_numpy()
     metric = t.column("metric").chunk(0).indices.to_numpy()
-    runs = np.flatnonzero(np.diff(metric)) + 1
-    bounds = [0, *runs.tolist(), len(ts)]
-    hours = range(int(ts.min()) // HOUR_NS, int(ts.max()) // HOUR_NS + 1)
+    runs = [0, *(np.flatnonzero(np.diff(metric)) + 1).tolist(), len(ts)]
+    lo, hi = int(ts.min()), int(ts.max())
+    edges = sorted({k * w for w in widths for k in range(lo // w, hi // w + 2)})
     out = []
-    for b in hours:
+    for x, y in itertools.pairwise(edges):
         pieces = []
-        for a, e in itertools.pairwise(bounds):
-            lo, hi = np.searchsorted(ts[a:e], [b * HOUR_NS, (b + 1) * HOUR_NS])
-            if hi > lo:
-                pieces.append(t.slice(a + int(lo), int(hi - lo)))
+        for a, e in itertools.pairwise(runs):
+            i, j = np.searchsorted(ts[a:e], [x, y])
+            if j > i:
+                pieces.append(t.slice(a + int(i), int(j - i)))
         if pieces:
-            out.append((b, pa.concat_tables(pieces)))
+            out.append((x, pa.concat_tables(pieces).combine_chunks()))
     return out
 
 
@@ -317,25 +324,33 @@ def write_lakes(
 ) -> Lakes:
     """Write both lakes of ``spec`` (see the module docstring), with the row-group size and
     zstd level of ``compactor`` (default: a Compactor's defaults). Blocks for minutes at 10^8
-    rows. Each node's samples are generated twice (about 0.1 s a node), once per layout, so
-    that at most one source partition's hour files are open: memory stays near 1 GB."""
+    rows. Each node's samples are generated twice (about 0.1 s a node), once per layout; the
+    compacted lake is written one source partition at a time (about 1 GB held at 10^8)."""
     comp = compactor or Compactor(compacted)
     opts = write_options(DATASETS["samples"].schema, comp.row_group_rows, comp.compression_level)
     dicts = Dictionaries(spec.nodes)
     paths = LakePaths(compacted)
+    slab_ns = comp.slab_ns.get("samples")
+    widths = [HOUR_NS] if slab_ns is None else [HOUR_NS, slab_ns]
     files, size = 0, 0
     for part in range(spec.partitions):  # compacted: per hour, one file per partition
-        writers: dict[int, _RowGroupWriter] = {}
+        pieces: dict[int, list[pa.Table]] = {}  # slab start -> its rows, node by node
         for node in range(part, spec.nodes, spec.partitions):
-            for b, piece in _hour_slices(node_samples(spec, node, dicts)):
-                w = writers.get(b)
-                if w is None:
-                    hdir = paths.hour_dir("samples", *hour_of(b * HOUR_NS))
-                    hdir.mkdir(parents=True, exist_ok=True)
-                    first = b * 1_000_000  # offsets grow with the hour, as landed ranges do
-                    name = file_name(part, first, first + 999_999)
-                    w = writers[b] = _RowGroupWriter(hdir / name, piece.schema, opts)
+            for x, piece in _time_slices(node_samples(spec, node, dicts), widths):
+                pieces.setdefault(x, []).append(piece)
+        writers: dict[int, _RowGroupWriter] = {}
+        for x in sorted(pieces):
+            b = x // HOUR_NS
+            w = writers.get(b)
+            if w is None:
+                hdir = paths.hour_dir("samples", *hour_of(b * HOUR_NS))
+                hdir.mkdir(parents=True, exist_ok=True)
+                first = b * 1_000_000  # offsets grow with the hour, as landed ranges do
+                name = file_name(part, first, first + 999_999)
+                w = writers[b] = _RowGroupWriter(hdir / name, pieces[x][0].schema, opts)
+            for piece in pieces.pop(x):
                 w.write(piece)
+            w.cut()  # the compactor starts a new row group with each slab
         for w in writers.values():
             w.close()
             files, size = files + 1, size + w.path.stat().st_size

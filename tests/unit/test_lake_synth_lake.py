@@ -18,12 +18,14 @@ from services.lake.writer import LakeWriter, sort_table
 SPEC = LakeSpec(nodes=8, seconds=200, partitions=4, start_ns=LakeSpec().start_ns - 100 * 10**9)
 
 
+def _compactor(root: Path) -> Compactor:  # small row groups and slabs: several of each
+    return Compactor(root, grace_s=0, row_group_rows=7_000, slab_s={"samples": 45.0})
+
+
 @pytest.fixture(scope="module")
 def lakes(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("lakes")
-    write_lakes(
-        SPEC, root / "compacted", root / "single", compactor=Compactor(root, row_group_rows=7_000)
-    )
+    write_lakes(SPEC, root / "compacted", root / "single", compactor=_compactor(root))
     return root
 
 
@@ -46,9 +48,7 @@ def test_compacted_lake_is_what_landing_then_compaction_leaves(lakes: Path, tmp_
     landed = tmp_path / "landed"
     w = LakeWriter(landed)
     assert scalebench.land_like_the_lander(w, SPEC, flush_s=20) > 40
-    Compactor(landed, grace_s=0, row_group_rows=7_000).compact_closed(
-        ["samples"], close_after_s=-1e12, wait=True
-    )
+    _compactor(landed).compact_closed(["samples"], close_after_s=-1e12, wait=True)
     ours, theirs = _files(lakes / "compacted"), _files(landed)
     assert ours.keys() == theirs.keys() and len(ours) == SPEC.partitions * 2  # two hours
     for key, path in ours.items():
@@ -57,6 +57,11 @@ def test_compacted_lake_is_what_landing_then_compaction_leaves(lakes: Path, tmp_
             b.metadata.row_group(i).num_rows for i in range(b.num_row_groups)
         ]
         assert a.read().equals(b.read()), key
+        assert a.num_row_groups > 3
+        ts = a.schema_arrow.get_field_index("ts")
+        for i in range(a.num_row_groups):  # each row group lies within one 45 s slab
+            st = a.metadata.row_group(i).column(ts).statistics
+            assert st.min // 45_000_000_000 == st.max // 45_000_000_000
 
 
 def test_single_file_holds_the_same_rows_and_queries_agree(lakes: Path) -> None:
