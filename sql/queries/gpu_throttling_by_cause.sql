@@ -22,8 +22,24 @@ clk AS (
       AND ts < epoch_ns(CAST($end AS TIMESTAMP))
 ),
 rc AS (
-    SELECT r.*, clk.sm_clock
-    FROM r ASOF LEFT JOIN clk ON r.node = clk.node AND r.device = clk.device AND r.ts >= clk.ts
+    -- the latest SM clock at or before each reasons sample of the same GPU (an ASOF join),
+    -- as one ordered pass over both series: clock readings sort before a reasons sample
+    -- with the same ts
+    SELECT node, device, ts, job, bits, dt, sm_clock
+    FROM (
+        SELECT *, last_value(clock IGNORE NULLS) OVER (
+                   PARTITION BY node, device ORDER BY ts, is_reasons
+                   ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS sm_clock
+        FROM (
+            SELECT node, device, ts, job, bits, dt, NULL::DOUBLE AS clock, true AS is_reasons
+            FROM r
+            UNION ALL
+            SELECT node, device, ts, NULL, NULL, NULL, sm_clock, false
+            FROM clk
+            WHERE node IS NOT NULL AND device IS NOT NULL
+        )
+    )
+    WHERE is_reasons
 ),
 causes AS (
     SELECT * FROM (VALUES

@@ -3,7 +3,8 @@
 ``lake_reference_sql/`` keeps the straightforward versions (window sort per series, ASOF joins
 per sample, whole-lake scans). Both run on a small lake built to hit every branch: gaps,
 duplicates (some tripled), a second instance and a second exporter for some series, counter
-resets and late rows, and topology with re-cabled, closed, future and doubled link versions.
+resets and late rows, SM clock readings tied in time with clock-reasons samples, and topology
+with re-cabled, closed, future and doubled link versions.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ def _samples() -> pa.Table:
     t = synth.refined_samples(nodes=2, seconds=120, start_ns=T0)
     rng = np.random.default_rng(1)
     n = t.num_rows
+    reasons = t.filter(pa.compute.equal(t["metric"], "gpu.clock_event_reasons"))
     parts = [
         t.filter(pa.array(rng.random(n) > 0.02)),  # gaps
         t.take(pa.array(rng.choice(n, 300))),  # duplicates ...
@@ -41,6 +43,8 @@ def _samples() -> pa.Table:
         _with(t.slice(0, 2000), "instance", "1"),  # a second instance
         _with(t.slice(3000, 2000), "exporter", "other"),  # a second exporter
         _with(_with(t.slice(5000, 100), "reset", True), "late", True),
+        # SM clock readings stamped exactly when a clock-reasons sample is
+        _with(_with(reasons.slice(0, 400), "metric", "gpu.sm_clock"), "value", 1234.0),
     ]
     parts[2] = pa.concat_tables([parts[2], parts[2]])  # ... some of them three times
     return pa.concat_tables([p.cast(t.schema) for p in parts])
@@ -85,6 +89,11 @@ CASES = [
     ("data_quality", {"start": "2026-01-01 00:00:30", "end": "2026-01-01 00:01:30"}),
     ("top_congested_links", {"limit": "1000"}),
     ("top_congested_links", {"start": "2026-01-01 00:00:50", "end": "2026-01-01 00:01:20"}),
+    ("gpu_throttling_by_cause", {}),
+    (
+        "gpu_throttling_by_cause",
+        {"include_idle": "true", "start": "2026-01-01 00:00:30", "end": "2026-01-01 00:01:30"},
+    ),
     ("stragglers", {"skew_ms": "0.1", "limit": "100000"}),
     (
         "stragglers",
