@@ -1,7 +1,9 @@
 """Counters → deltas and per-second rates; bitmask/enum readings → names.
 
 :func:`derive_rates` turns cumulative counter readings into ``delta`` (in the catalog unit)
-and ``rate`` (per second of *aligned* time), wrap- and reset-aware, with per-series state
+and ``rate`` (per second of the *source's own clock*, which stamped both readings: a revised
+clock-offset estimate between two batches must not stretch or squeeze the interval),
+wrap- and reset-aware, with per-series state
 held in a :class:`CounterState` (one per source stream ``node|exporter|instance``; its size
 grows with the number of series of that source, never with samples).
 
@@ -16,13 +18,15 @@ Rules (``max = 2**width - 1``, ``d = (cur - prev) mod 2**width``):
 - ``cur < prev`` on a **saturate** counter: always a reset (they are cleared, never wrap).
 - a saturate counter reading exactly ``max``: ``delta`` NULL, ``null_reason = saturated``.
 - a reset sets ``reset = True``, ``delta`` NULL, ``null_reason = reset``.
-- **out of order**: a sample whose aligned ``ts`` is not after the series' last accepted ``ts``
-  (from state or earlier in the batch, equal timestamps included) gets ``late = True``,
-  ``delta``/``rate`` NULL, and does not move the state back. Rates are therefore never negative
-  and never computed over ``dt <= 0``.
+- **out of order**: a sample not after the series' last accepted one (from state or earlier in
+  the batch, equal timestamps included) on the source's clock *and* on the aligned clock gets
+  ``late = True``, ``delta``/``rate`` NULL, and does not move the state back. Where the
+  source's clock went backwards while aligned time moved on (a clock step), the interval is
+  taken on the aligned clock. Rates are therefore never negative and never computed over an
+  interval ``<= 0``.
 - ``scale`` multiplies the delta (e.g. 4-byte words → bytes); ``value`` is scaled in validate.
 
-Everything is vectorized: one sort of the batch's counter rows by (series, ts), shifted
+Everything is vectorized: one sort of the batch's counter rows by (series, source ts), shifted
 arrays for "previous", one ``index_in`` into the state table, one upsert of the state.
 """
 
@@ -46,6 +50,7 @@ STATE_SCHEMA = pa.schema(
         pa.field("raw", pa.uint64()),  # last accepted raw reading
         pa.field("ts", pa.int64()),  # its aligned ts
         pa.field("boot", pa.string()),  # boot_id it was read under
+        pa.field("src", pa.int64()),  # its ts on the source's own clock
     ]
 )
 
@@ -143,15 +148,16 @@ def derive_rates_group(
             "sid": pa.array(sid),
             "key": key,
             "ts": pc.take(ts, ci),
+            "src": pc.take(column(table, "ts_ns"), ci),
             "raw": pc.take(raw_all, ci),
             "max": pc.take(column(table, "max_raw"), ci),
             "sat": pc.take(column(table, "saturate"), ci),
             "scale": pc.take(column(table, "scale"), ci),
         }
     )
-    s = sub.take(pc.sort_indices(sub, sort_keys=[("g", "ascending"), ("ts", "ascending")]))
-    gg, tt = column(s, "g"), column(s, "ts")
-    dup_ts = true_mask(pc.and_(pc.equal(gg, prev(gg)), pc.equal(tt, prev(tt))))
+    s = sub.take(pc.sort_indices(sub, sort_keys=[("g", "ascending"), ("src", "ascending")]))
+    gg, tt, ss = column(s, "g"), column(s, "ts"), column(s, "src")
+    dup_ts = true_mask(pc.and_(pc.equal(gg, prev(gg)), pc.equal(ss, prev(ss))))
 
     # the streams' states as one table, keyed the same way (series not in this batch: NULL)
     st_parts = [p.state.table for p in parts]
@@ -163,27 +169,37 @@ def derive_rates_group(
     sidx = pc.index_in(gg, value_set=st_g)
     st_raw = pc.take(column(st, "raw"), sidx)
     st_ts = pc.take(column(st, "ts"), sidx)
+    st_src = pc.take(column(st, "src"), sidx)
     boots = pa.array([p.boot_id for p in parts], pa.string())
     same_boot = true_mask(
         pc.equal(pc.take(column(st, "boot"), sidx), pc.take(boots, column(s, "sid")))
     )
-    late = pc.or_(dup_ts, pc.and_(same_boot, true_mask(pc.less_equal(tt, st_ts))))
+    # out of order: not after the last accepted reading on the source's clock *and* on the
+    # common one (either alone moves when a clock is stepped or its estimate is revised)
+    behind = pc.and_(true_mask(pc.less_equal(ss, st_src)), true_mask(pc.less_equal(tt, st_ts)))
+    late = pc.or_(dup_ts, pc.and_(same_boot, behind))
 
     if any_true(late):
         good = pc.invert(late)
         late_pos = column(s.filter(late), "pos")
         s = s.filter(good)
         st_raw, st_ts, same_boot = st_raw.filter(good), st_ts.filter(good), same_boot.filter(good)
+        st_src = st_src.filter(good)
     else:
         late_pos = pa.array([], pa.int64())
 
-    gu, tu, cur = column(s, "g"), column(s, "ts"), column(s, "raw")
+    gu, tu, cur, su = column(s, "g"), column(s, "ts"), column(s, "raw"), column(s, "src")
     gstart = pc.invert(true_mask(pc.equal(gu, prev(gu))))
     prev_raw = pc.if_else(gstart, st_raw, prev(cur))
     prev_ts = pc.if_else(gstart, st_ts, prev(tu))
+    prev_src = pc.if_else(gstart, st_src, prev(su))
     boot_change = pc.and_(gstart, pc.invert(same_boot))
+    # the interval on the source's own clock (it stamped both readings); on the common clock
+    # only when the source's went backwards (a step)
+    d_src = pc.subtract(su, prev_src)
+    elapsed = pc.if_else(true_mask(pc.greater(d_src, 0)), d_src, pc.subtract(tu, prev_ts))
     delta, rate, reset, reason = _deltas(
-        cur, prev_raw, tu, prev_ts, column(s, "max"), column(s, "sat"), column(s, "scale"),
+        cur, prev_raw, elapsed, column(s, "max"), column(s, "sat"), column(s, "scale"),
         boot_change,
     )  # fmt: skip
 
@@ -197,6 +213,7 @@ def derive_rates_group(
             "raw": column(last, "raw"),
             "ts": column(last, "ts"),
             "boot": pc.take(boots, upd_sid),
+            "src": column(last, "src"),
             "sid": upd_sid,
         }
     )
@@ -229,8 +246,7 @@ def derive_rates_group(
 def _deltas(
     cur: Array,
     prev_raw: Array,
-    tu: Array,
-    prev_ts: Array,
+    elapsed_ns: Array,
     mx: Array,
     sat: Array,
     scale: Array,
@@ -249,7 +265,7 @@ def _deltas(
     delta = pc.if_else(
         no_delta, _NULL_F64, pc.multiply(pc.cast(d, pa.float64(), safe=False), scale)
     )
-    rate = pc.divide(delta, pc.divide(pc.cast(pc.subtract(tu, prev_ts), pa.float64()), 1e9))
+    rate = pc.divide(delta, pc.divide(pc.cast(elapsed_ns, pa.float64()), 1e9))
     reason = pc.if_else(
         reset,
         NullReason.RESET.value,

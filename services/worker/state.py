@@ -100,7 +100,10 @@ class StreamState:
     @classmethod
     def decode(cls, blob: bytes, clock_settings: ClockSettings | None = None) -> StreamState:
         meta, parts = _unframe(blob)
-        counters = _read_ipc(parts[0]).cast(STATE_SCHEMA)
+        counters = _read_ipc(parts[0])
+        if "src" not in counters.column_names:  # written before source times were kept
+            counters = counters.append_column("src", counters.column("ts"))
+        counters = counters.select(STATE_SCHEMA.names).cast(STATE_SCHEMA)
         seqs = None
         if meta["seqs"] is not None:
             st = _read_ipc(parts[1])
