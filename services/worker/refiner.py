@@ -141,6 +141,7 @@ class Refiner:
         self._loaded_streams.clear()
         self._loaded_nodes.clear()
         self._flagged.clear()
+        self._onsets.clear()
         self._dirty_streams.clear()
         self._dirty_nodes.clear()
 
@@ -159,6 +160,8 @@ class Refiner:
                 if ss.watermark is not None:
                     self.state.watermarks[stream] = ss.watermark
                 self._flagged[stream] = ss.clock_flagged
+                if ss.clock_onset is not None:
+                    self._onsets[stream] = ss.clock_onset
             self._loaded_streams[stream] = key
         elif self._loaded_streams[stream] != key:
             self._loaded_streams[stream] = key  # a new boot of the source
@@ -180,6 +183,7 @@ class Refiner:
                 counters=self.state.counters.get(stream) or StreamState().counters,
                 watermark=self.state.watermarks.get(stream),
                 clock_flagged=self._flagged.get(stream, False),
+                clock_onset=self._onsets.get(stream),
             ).encode()
         nodes = {
             n: encode_overlap(self.state.overlaps[n])
@@ -387,7 +391,12 @@ class Refiner:
         if r.clock_alert == was:
             return []
         self._flagged[stream] = r.clock_alert
-        onset = self._flag_onset(stream, r.clock_alert, now_ns)
+        # the broker's append time of the record that flipped the flag: the same on a replay
+        # of that record, and remembered in the stream's state until it resolves
+        at_ns = rec.append_ms * 1_000_000
+        if r.clock_alert:
+            self._onsets[stream] = at_ns
+        onset = self._onsets[stream] if r.clock_alert else self._onsets.pop(stream, at_ns)
         aid = hashlib.sha1(f"clock_offset|{stream}|{onset}".encode()).hexdigest()[:20]
         alert = Alert(
             id=aid,
@@ -397,7 +406,7 @@ class Refiner:
             entity=stream,
             node=node,
             starts_ns=onset,
-            ends_ns=None if r.clock_alert else now_ns,
+            ends_ns=None if r.clock_alert else at_ns,
             summary=(
                 f"clock of {stream} is off by {r.clock.offset_ns / 1e9:+.3f} s "
                 f"(±{r.clock.error_ns / 1e6:.1f} ms)"
@@ -410,10 +419,3 @@ class Refiner:
             emitted_ns=now_ns,
         )
         return [OutMessage(self.topics.alerts, stream.encode(), alert.model_dump_json().encode())]
-
-    def _flag_onset(self, stream: str, firing: bool, now_ns: int) -> int:
-        # the id must be stable across a replay: derive it from the stream and the second
-        # the condition began, remembered while it lasts
-        if firing:
-            self._onsets[stream] = now_ns // 1_000_000_000 * 1_000_000_000
-        return self._onsets.pop(stream, now_ns) if not firing else self._onsets[stream]

@@ -73,6 +73,7 @@ class StreamState:
     counters: CounterState = field(default_factory=CounterState)
     watermark: int | None = None
     clock_flagged: bool = False
+    clock_onset: int | None = None  # when the firing clock alert began (its id)
 
     def encode(self) -> bytes:
         seq_table = SEQ_SCHEMA.empty_table()
@@ -94,6 +95,7 @@ class StreamState:
             "clock": self.clock.to_dict() if self.clock is not None else None,
             "watermark": self.watermark,
             "clock_flagged": self.clock_flagged,
+            "clock_onset": self.clock_onset,
         }
         return _frame(meta, [_ipc(self.counters.table), _ipc(seq_table)])
 
@@ -132,6 +134,7 @@ class StreamState:
             counters=CounterState(counters),
             watermark=meta["watermark"],
             clock_flagged=bool(meta["clock_flagged"]),
+            clock_onset=meta.get("clock_onset"),
         )
 
 
