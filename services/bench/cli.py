@@ -161,11 +161,11 @@ def _plan(
     from services.bench import local
 
     def worker_rate() -> float | None:
+        """The worker's measured maximum: its steady-state rate if measured, else its rate
+        over the whole run."""
         r = results.get("worker_throughput")
-        for f in r.figures if r is not None else []:
-            if f.name == "worker_samples_per_s":
-                return float(f.value)
-        return None
+        got = {f.name: float(f.value) for f in (r.figures if r is not None else [])}
+        return got.get("worker_steady_samples_per_s", got.get("worker_samples_per_s"))
 
     def pipeline() -> list[Any]:
         from services.bench.latency import bench_pipeline
