@@ -40,6 +40,7 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -238,7 +239,7 @@ def _layout(
     lay.unknown = pc.invert(lay.attr["known"])
     dev_len = pc.utf8_length(device)
     lay.bad_device = pc.or_(pc.equal(dev_len, 0), pc.greater(dev_len, limits.max_device_len))
-    lay.row_index = pa.array(range(len(metric)), pa.int64())
+    lay.row_index = pa.array(np.arange(len(metric), dtype=np.int64))
     return lay
 
 

@@ -101,8 +101,8 @@ def arrow_bytes(table: pa.Table) -> bytes:
         head = table.schema.serialize().to_pybytes()
         if len(_SCHEMA_BYTES) < 64:
             _SCHEMA_BYTES[table.schema] = head
-    parts = [head]
-    parts += [b.serialize().to_pybytes() for b in table.to_batches() if b.num_rows]
+    parts: list[bytes | memoryview] = [head]
+    parts += [memoryview(b.serialize()) for b in table.to_batches() if b.num_rows]
     parts.append(_EOS)
     return b"".join(parts)
 
