@@ -38,6 +38,7 @@ from tests.fault.harness import (
     Supervised,
     acked_raw,
     cli,
+    refined_count,
     report,
     simulate,
     wait_drained,
@@ -275,7 +276,11 @@ def test_slow_disk_costs_nothing(kafka_bootstrap: str, slow_disk: SlowDisk, tmp_
             wt.start()
         sim = simulate(kafka_bootstrap, prefix, tmp_path, seconds=25)
         assert sim.wait(150) == 0
-        wait_drained(kafka_bootstrap, prefix, acked_raw(truth), 90, w)
+        expect = acked_raw(truth)
+        wait_drained(kafka_bootstrap, prefix, expect, 90, w)
+        refined_n = refined_count(kafka_bootstrap, topic)
+        # the worker's side, not the disk's: without it the lakes cannot match the truth
+        assert refined_n >= expect, f"worker refined {refined_n} of {expect} batches in 90 s"
         stamps = broker_times(kafka_bootstrap, topic)
         high: dict[int, int] = defaultdict(int)
         for part, off in stamps:
