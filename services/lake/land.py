@@ -39,6 +39,29 @@ from services.lake.writer import CrashSeam, LakeWriter
 TP = tuple[str, int]
 
 
+LINEAGE_WINDOW = 50_000  # raw offsets below a raw partition's newest landed one, remembered
+
+
+class _Landed:
+    """Landed offsets of one raw partition: exact within :data:`LINEAGE_WINDOW` of the
+    highest; anything older counts as landed (a resend arrives within seconds, not hours)."""
+
+    def __init__(self) -> None:
+        self.high = -1
+        self._recent: set[int] = set()
+
+    def has(self, offset: int) -> bool:
+        return offset <= self.high - LINEAGE_WINDOW or offset in self._recent
+
+    def add(self, offset: int) -> None:
+        self._recent.add(offset)
+        if offset > self.high:
+            self.high = offset
+            if len(self._recent) > 2 * LINEAGE_WINDOW:
+                floor = self.high - LINEAGE_WINDOW
+                self._recent = {o for o in self._recent if o > floor}
+
+
 @dataclass
 class _Pending:
     tables: list[pa.Table] = field(default_factory=list)
@@ -102,7 +125,7 @@ class LandingService:
         self.stats = LandingStats()
         self._pending: dict[TP, _Pending] = {}
         self._landed: dict[TP, int] = {}
-        self._lineage: dict[TP, dict[int, int]] = {}
+        self._lineage: dict[TP, dict[int, _Landed]] = {}
         self._consumer: Any = None
         self._assigned_at: float | None = None
 
@@ -133,14 +156,25 @@ class LandingService:
         for p in partitions:  # not committed: whoever gets the partition consumes them again
             self._pending.pop((p.topic, p.partition), None)
 
-    def _lineage_high_water(self, partition: int) -> dict[int, int]:
+    def _lineage_high_water(self, partition: int) -> dict[int, _Landed]:
+        """The raw positions already landed in this refined partition's files: per raw
+        partition, its highest offset and every landed offset within the window below it."""
         files = [str(p) for p in self.writer.live_paths("samples", partition)]
         if not files:
             return {}
         rows = duckdb.execute(
-            "SELECT raw_partition, max(raw_offset) FROM read_parquet(?) GROUP BY 1", [files]
+            """
+            WITH t AS (SELECT DISTINCT raw_partition AS rp, raw_offset AS o
+                       FROM read_parquet(?) WHERE raw_partition IS NOT NULL),
+                 m AS (SELECT rp, max(o) AS hw FROM t GROUP BY rp)
+            SELECT t.rp, t.o FROM t JOIN m USING (rp) WHERE t.o > m.hw - ?
+            """,
+            [files, LINEAGE_WINDOW],
         ).fetchall()
-        return {int(a): int(b) for a, b in rows}
+        out: dict[int, _Landed] = {}
+        for rp, off in rows:
+            out.setdefault(int(rp), _Landed()).add(int(off))
+        return out
 
     # --- the loop -------------------------------------------------------------------------
 
@@ -225,17 +259,33 @@ class LandingService:
             pend.rows += table.num_rows
 
     def _drop_replayed(self, tp: TP, table: pa.Table) -> pa.Table:
+        """Rows whose raw position (partition, offset) already landed: a replay after a crash
+        or a resend. Exact positions, not a high-water mark: a record resent after a later one
+        of the same raw partition (a produce retry) still lands."""
         seen = self._lineage.setdefault(tp, {})
-        parts = table.column("raw_partition")
-        offs = table.column("raw_offset")
+        pairs = table.group_by(["raw_partition", "raw_offset"]).aggregate([])
+        dup_pairs = []
+        for rp, off in zip(
+            pairs.column("raw_partition").to_pylist(),
+            pairs.column("raw_offset").to_pylist(),
+            strict=True,
+        ):
+            if rp is None or off is None:
+                continue
+            landed = seen.setdefault(int(rp), _Landed())
+            if landed.has(int(off)):
+                dup_pairs.append((int(rp), int(off)))
+            else:
+                landed.add(int(off))
+        if not dup_pairs:
+            return table
         keep = None
-        for rp in pc.unique(parts).to_pylist():
-            hw = seen.get(rp, -1)
-            in_rp = pc.equal(parts, rp)
-            dup = pc.and_(in_rp, pc.less_equal(offs, hw))
-            keep = pc.invert(dup) if keep is None else pc.and_(keep, pc.invert(dup))
-            seen[rp] = max(hw, pc.max(pc.filter(offs, in_rp)).as_py())
-        assert keep is not None
+        for rp, off in dup_pairs:
+            hit = pc.and_(
+                pc.equal(table.column("raw_partition"), rp),
+                pc.equal(table.column("raw_offset"), off),
+            )
+            keep = pc.invert(hit) if keep is None else pc.and_(keep, pc.invert(hit))
         kept = table.filter(keep)
         self.stats.skipped_replayed_rows += table.num_rows - kept.num_rows
         return kept

@@ -39,6 +39,13 @@ class RefinedStream:
         self.sent: list[tuple[int, bytes]] = []
 
     def produce(self, n: int, rows: int = 150) -> None:
+        for part, body in self.build(n, rows):
+            self._send(part, body)
+        self.producer.flush(30)
+
+    def build(self, n: int, rows: int = 150) -> list[tuple[int, bytes]]:
+        """The next n records, remembered as sent but not sent: the caller sends them."""
+        out = []
         for _ in range(n):
             part = self.records % self.partitions
             t = self.source.slice(self.cursor, rows)
@@ -59,11 +66,11 @@ class RefinedStream:
             with pa.ipc.new_stream(sink, t.schema) as w:
                 w.write_table(t)
             body = sink.getvalue().to_pybytes()
-            self._send(part, body)
+            out.append((part, body))
             self.sent.append((part, body))
             self.records += 1
             self.rows += n_rows
-        self.producer.flush(30)
+        return out
 
     def replay(self, k: int) -> None:
         """Re-publish the last k records as a refiner replaying after a crash would."""
@@ -140,3 +147,20 @@ def test_kill_at_every_critical_point_loses_and_duplicates_nothing(
     assert rows == stream.rows  # lost 0
     assert distinct_rows == rows  # duplicated 0
     assert records == stream.records
+
+
+def test_a_record_resent_after_later_ones_still_lands(
+    kafka_bootstrap: str, unique_topic: Callable[..., str], unique_group: str, tmp_path: Path
+) -> None:
+    """A produce that failed and was sent again arrives after later records of its raw
+    partition; it is not a replay and must land (a replay of an earlier one must not)."""
+    topic = unique_topic("refined", partitions=1)
+    lake = tmp_path / "lake"
+    stream = RefinedStream(kafka_bootstrap, topic, partitions=1)
+    items = stream.build(6)
+    for part, body in [*items[:3], *items[4:], items[3], items[1]]:  # 3 late, 1 twice
+        stream._send(part, body)
+    stream.producer.flush(30)
+    assert _land(lake, kafka_bootstrap, topic, unique_group, None) == 0
+    rows, distinct_rows, records = _check(lake)
+    assert (rows, distinct_rows, records) == (stream.rows, stream.rows, 6)
