@@ -1,12 +1,12 @@
 """Lake benchmarks; each returns a dict of figures and prints the ratio it exists to measure.
 
 - :func:`bench_landing`: LakeWriter throughput (sort, zstd, encodings, fsync, rename) against
-  one plain ``pyarrow.parquet.write_table`` of the same tables. Goal: ratio >= 0.8.
+  one plain ``pyarrow.parquet.write_table`` of the same tables. Goal: ratio >= 0.8. fsync
+  time is reported apart.
 - :func:`bench_bytes_per_sample`: bytes per refined sample after compaction, on realistic data
   (:mod:`services.lake.synth`), with the biggest columns. Goal: <= 6 B/sample.
-- :func:`bench_queries`: every named query on the small-file lake, after compaction, and on
-  one perfectly sorted single file of the same rows: ratio compacted / single file, and the
-  small-file penalty (small files / compacted).
+- the named queries, compacted lake against one sorted file at 10^8 samples, and the
+  small-file penalty: :mod:`services.lake.scalebench`.
 
 ``rows`` sets the size (approximate; default small for a quick run). ``refinery bench`` wires
 these in; ``python -m services.lake.bench ROWS`` runs them all.
@@ -14,8 +14,6 @@ these in; ``python -m services.lake.bench ROWS`` runs them all.
 
 from __future__ import annotations
 
-import json
-import shutil
 import statistics
 import sys
 import tempfile
@@ -26,11 +24,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from services.lake import sqlload, synth
+from services.lake import synth
 from services.lake.compact import Compactor
-from services.lake.datasets import DATASETS
-from services.lake.layout import hour_of
-from services.lake.writer import LakeWriter, sort_table, write_options
+from services.lake.writer import LakeWriter
 
 SERIES_PER_NODE = 106
 
@@ -140,70 +136,16 @@ def bench_bytes_per_sample(rows: int = 500_000, chunk_rows: int = 20_000) -> dic
     return out
 
 
-def _time_queries(root: Path, repeat: int) -> dict[str, float]:
-    con = sqlload.connect(root)
-    out = {}
-    for name in sqlload.list_queries():
-        times = []
-        for _ in range(repeat):
-            t0 = time.perf_counter()
-            sqlload.run_query(con, name).fetchall()
-            times.append(time.perf_counter() - t0)
-        out[name] = statistics.median(times)
-    return out
+def run_all(rows: int = 200_000, query_rows: int | None = None) -> dict[str, Any]:
+    """Every lake benchmark: landing and bytes/sample at about ``rows`` rows, the named
+    queries at ``query_rows`` (default 10 x ``rows``) and the small-file penalty."""
+    from services.lake import scalebench
 
-
-def bench_queries(rows: int = 500_000, chunk_rows: int = 5_000, repeat: int = 3) -> dict[str, Any]:
-    """Named query times: small files vs compacted vs one perfectly sorted file."""
-    t = _data(rows)
-    with tempfile.TemporaryDirectory() as tmp:
-        root = Path(tmp) / "lake"
-        _small_file_lake(root, t, chunk_rows)
-        single = Path(tmp) / "single"
-        shutil.copytree(root, single)
-        small = _time_queries(root, repeat)
-        Compactor(root, grace_s=0).compact_closed(["samples"], close_after_s=-1e12, wait=True)
-        compacted = _time_queries(root, repeat)
-        # the same rows as one sorted file, same layout otherwise
-        for f in single.glob("samples/*/*/p*.parquet"):
-            f.unlink()
-        date, hour = hour_of(synth.T0_NS)
-        hdir = single / "samples" / f"date={date}" / f"hour={hour}"
-        hdir.mkdir(parents=True, exist_ok=True)
-        ds = DATASETS["samples"]
-        pq.write_table(
-            sort_table(t, ds.sort_by), hdir / "p0-0-1.parquet", **write_options(ds.schema, 1 << 20)
-        )
-        one = _time_queries(single, repeat)
-    per_query = {
-        q: {
-            "small_s": round(small[q], 4),
-            "compacted_s": round(compacted[q], 4),
-            "single_file_s": round(one[q], 4),
-            "ratio_vs_single": round(compacted[q] / one[q], 3),
-            "small_file_penalty": round(small[q] / compacted[q], 3),
-        }
-        for q in small
-    }
-    out = {
-        "rows": t.num_rows,
-        "ratio_vs_single_total": round(sum(compacted.values()) / sum(one.values()), 3),
-        "small_file_penalty_total": round(sum(small.values()) / sum(compacted.values()), 3),
-        "queries": per_query,
-    }
-    print(
-        f"lake queries: compacted/single file {out['ratio_vs_single_total']}x, "
-        f"small-file penalty {out['small_file_penalty_total']}x {json.dumps(per_query)}"
-    )
-    return out
-
-
-def run_all(rows: int = 200_000) -> dict[str, Any]:
-    """Every lake benchmark at about ``rows`` rows."""
     return {
         "landing": bench_landing(rows),
         "bytes_per_sample": bench_bytes_per_sample(rows),
-        "queries": bench_queries(rows),
+        "queries": scalebench.bench_queries_at_scale(query_rows or 10 * rows),
+        "small_file_penalty": scalebench.bench_small_file_penalty(),
     }
 
 
