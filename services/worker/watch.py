@@ -51,9 +51,7 @@ class CommitWatch:
             }
             lag = 0
             for t, p in partitions:
-                lo, hi = self._consumer.get_watermark_offsets(
-                    TopicPartition(t, p), timeout=10, cached=False
-                )
+                lo, hi = self._watermarks(TopicPartition(t, p))
                 pos = committed.get((t, p), -1)
                 lag += max(0, hi - max(pos, lo))
             self.lag = lag
@@ -61,6 +59,19 @@ class CommitWatch:
                 self._since = now
             self._last = committed
             return now - self._since
+
+    def _watermarks(self, tp: Any) -> tuple[int, int]:
+        from confluent_kafka import KafkaError, KafkaException
+
+        try:
+            lo, hi = self._consumer.get_watermark_offsets(tp, timeout=10, cached=False)
+        except KafkaException as e:
+            if e.args[0].code() != KafkaError._UNKNOWN_PARTITION:
+                raise
+            # a topic newer than this client's metadata: refresh it once and ask again
+            self._consumer.list_topics(tp.topic, timeout=10)
+            lo, hi = self._consumer.get_watermark_offsets(tp, timeout=10, cached=False)
+        return int(lo), int(hi)
 
     def close(self) -> None:
         with self._lock:
