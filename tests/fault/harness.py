@@ -171,19 +171,25 @@ class Reconciled:
         return self.lost == self.duplicated == self.unexpected == self.samples_short == 0
 
 
+def acked_batches(truth_path: Path) -> dict[str, int]:
+    """Tag → good samples of every raw batch the truth says was acknowledged (a malformed
+    record is no batch; the copies of a duplicated batch share one tag)."""
+    truth = load_truth(truth_path)
+    sends = truth.sends.filter(pc.equal(truth.sends.column("stream"), "raw")).to_pylist()
+    return {
+        s["tag"]: s["samples"] - s["bad_samples"]
+        for s in sends
+        if s["kind"] != "malformed" and s["tag"]
+    }
+
+
 def reconcile(bootstrap: str, prefix: str, truth_path: Path) -> Reconciled:
     """Compare the refined topic with the simulator's truth of acknowledged raw batches.
 
     With faults on, a malformed record (dead-lettered whole) is no batch to refine, the copies
     of a duplicated batch share its tag and count once, and a batch whose every sample is bad
     has nothing to refine: such a batch is lost only if it had good samples."""
-    truth = load_truth(truth_path)
-    sends = truth.sends.filter(pc.equal(truth.sends.column("stream"), "raw")).to_pylist()
-    acked = {
-        s["tag"]: s["samples"] - s["bad_samples"]
-        for s in sends
-        if s["kind"] != "malformed" and s["tag"]
-    }
+    acked = acked_batches(truth_path)
     seen: dict[str, dict[tuple[int, int], int]] = defaultdict(dict)
     rows = read_all(bootstrap, prefix + "telemetry.refined", idle=6.0, timeout=120)
     for _, _, headers in rows:

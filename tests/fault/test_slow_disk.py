@@ -25,17 +25,16 @@ from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
 
-import pyarrow.compute as pc
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
 from services.lake import sqlload
 from services.lake.writer import LakeWriter
-from services.simulate.truth import load_truth
 from tests.fault.harness import (
     REPO,
     Reconciled,
     Supervised,
+    acked_batches,
     acked_raw,
     cli,
     refined_count,
@@ -205,13 +204,7 @@ def reconcile_lake(lake: Path, truth_path: Path) -> Reconciled:
     """The lake's samples against the truth's acknowledged raw batches, per batch tag: lost
     (no row), short (fewer rows than good samples), duplicated (landed from more than one raw
     position, or more rows than samples), unexpected (a tag the truth never acknowledged)."""
-    truth = load_truth(truth_path)
-    sends = truth.sends.filter(pc.equal(truth.sends.column("stream"), "raw")).to_pylist()
-    acked = {
-        s["tag"]: s["samples"] - s["bad_samples"]
-        for s in sends
-        if s["kind"] != "malformed" and s["tag"]
-    }
+    acked = acked_batches(truth_path)
     con = sqlload.connect(lake)
     rows = con.execute(
         f"SELECT {', '.join(TAG)}, raw_partition, raw_offset, count(*) FROM samples GROUP BY ALL"
