@@ -66,10 +66,6 @@ class LakeSpec:
         return self.nodes * SERIES_PER_NODE * self.seconds
 
     @property
-    def end_ns(self) -> int:
-        return self.start_ns + self.seconds * 1_000_000_000
-
-    @property
     def storm(self) -> tuple[int, int]:
         """[start, end) seconds of the PFC storm: two minutes in the middle of the span."""
         mid = self.seconds // 2
@@ -108,16 +104,13 @@ class Dictionaries:
             "null_reason": _dict(["first_sample"]),
         }
         # one node's rows, in sort order (metric, ts, device): per metric, step-major
-        rows_m, rows_d, rows_s = [], [], []
-        for mi, m in enumerate(self.metrics):
-            series = [(self.devices.index(s[1]), i) for i, s in enumerate(per_node) if s[2] == m]
-            series.sort()
-            rows_m.append(np.full(len(series), mi))
-            rows_d.append(np.array([d for d, _ in series]))
-            rows_s.append(np.array([i for _, i in series]))
-        self.metric_of_series = [np.asarray(x) for x in rows_m]
-        self.device_of_series = [np.asarray(x) for x in rows_d]
-        self.series_index = [np.asarray(x) for x in rows_s]
+        self.device_of_series, self.series_index = [], []
+        for m in self.metrics:
+            series = sorted(
+                (self.devices.index(s[1]), i) for i, s in enumerate(per_node) if s[2] == m
+            )
+            self.device_of_series.append(np.array([d for d, _ in series]))
+            self.series_index.append(np.array([i for _, i in series]))
         self.per_node = per_node
         self.unit_index = np.array([self.units.index(units[m]) for m in self.metrics])
 
@@ -394,7 +387,9 @@ def collectives(spec: LakeSpec) -> pa.Table:
         "op_seq": op,
         "rank": rank,
         "nranks": np.full(len(op), nranks),
-        "device": pa.DictionaryArray.from_arrays((rank % 8).astype(np.int8), _gpus()),
+        "device": pa.DictionaryArray.from_arrays(
+            (rank % 8).astype(np.int8), [f"gpu{g}" for g in range(8)]
+        ),
         "bytes": np.full(len(op), 1 << 28),
         "dtype": pa.DictionaryArray.from_arrays(np.zeros(len(op), np.int8), ["bf16"]),
         "algbw_gbps": np.full(len(op), 180.0),
@@ -412,10 +407,6 @@ def collectives(spec: LakeSpec) -> pa.Table:
         "raw_offset": op,
     }
     return conform(pa.table(cols), COLLECTIVES_LAKE_SCHEMA)
-
-
-def _gpus() -> list[str]:
-    return [f"gpu{g}" for g in range(8)]
 
 
 def _jobs(spec: LakeSpec) -> pa.Table:
