@@ -231,4 +231,3 @@ def add_parser(sub: Any) -> None:
     q.add_argument("--list", action="store_true", help="list the named queries")
     _formats(q)
     q.set_defaults(handler=cmd_query)
-
