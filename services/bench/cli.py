@@ -55,7 +55,7 @@ class Sizes:
     @classmethod
     def of(cls, quick: bool) -> Sizes:
         if quick:
-            return cls(300_000, 250, 40, 30, 1, 100_000, 20, 60.0, 60)
+            return cls(900_000, 250, 40, 30, 1, 100_000, 20, 60.0, 60)
         return cls(8_000_000, 1000, 300, 60, 2, 2_000_000, 200, 300.0, 360)
 
 
