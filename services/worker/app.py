@@ -39,7 +39,7 @@ from services.settings import KafkaSettings
 from services.telemetry import ServiceTelemetry
 from services.worker.feed import TopologyFeed
 from services.worker.refiner import Outcome, OutMessage, OutputTopics, RawRecord, Refiner
-from services.worker.watch import CommitWatch
+from services.worker.watch import CommitWatch, fetch_range
 
 log = logging.getLogger(__name__)
 
@@ -172,6 +172,37 @@ def build_app(
     )
     aligner = Refiner(cat, cfg.outputs, topology, loader(align_streams), lambda _: None, cfg.refine)
 
+    last_offset: dict[tuple[str, int], int] = {}  # per input partition, this assignment
+
+    async def with_skipped(chunk: list[Any]) -> tuple[list[Any], list[RawRecord]]:
+        """The chunk's records, preceded where a partition's offsets jump by the records in
+        between, fetched directly: input offsets are contiguous, so a jump is a record the
+        stream never handed over (seen with Faust's take_events under backlog after a
+        restart) and it must be refined, not skipped. Each is paired with the event after
+        it (same partition: its state goes to the same changelog partition)."""
+        evs: list[Any] = []
+        recs: list[RawRecord] = []
+        for ev in chunk:
+            m = ev.message
+            tp = (m.topic, m.partition)
+            last = last_offset.get(tp)
+            if last is not None and m.offset > last + 1:
+                got = await asyncio.get_running_loop().run_in_executor(
+                    None, fetch_range, kafka.librdkafka(), m.topic, m.partition, last + 1, m.offset
+                )
+                log.warning(
+                    "%s[%d]: offsets %d..%d never reached the agent; refining the %d fetched",
+                    m.topic, m.partition, last + 1, m.offset - 1, len(got),
+                )  # fmt: skip
+                telemetry.count("worker.skipped_refetched", len(got), {"topic": m.topic})
+                for g in got:
+                    evs.append(ev)
+                    recs.append(_confluent_record(g))
+            last_offset[tp] = m.offset if last is None else max(last, m.offset)
+            evs.append(ev)
+            recs.append(_raw_record(m))
+        return evs, recs
+
     async def run_groups(
         stream: Any, proc: Refiner, stream_table: Any, node_table: Any | None
     ) -> AsyncIterator[None]:
@@ -182,8 +213,7 @@ def build_app(
             pending: list[OutMessage] = []
             with telemetry.span("refine.group", {"records": len(events)}):
                 for lo in range(0, len(events), cfg.refine_chunk):
-                    chunk = events[lo : lo + cfg.refine_chunk]
-                    recs = [_raw_record(ev.message) for ev in chunk]
+                    chunk, recs = await with_skipped(events[lo : lo + cfg.refine_chunk])
                     for ev, rec, out in zip(
                         chunk, recs, proc.process_group(recs, now), strict=True
                     ):
@@ -233,6 +263,7 @@ def build_app(
         # another worker may own these now: state must come back from the tables
         refiner.forget()
         aligner.forget()
+        last_offset.clear()  # the next assignment starts from the committed offsets
 
     @app.task  # type: ignore[untyped-decorator]
     async def start_feed() -> None:
@@ -334,6 +365,18 @@ def _raw_record(m: Any) -> RawRecord:
         value=m.value,
         headers=_headers(m.headers),
         append_ms=round(m.timestamp * 1000),
+    )
+
+
+def _confluent_record(m: Any) -> RawRecord:
+    return RawRecord(
+        topic=m.topic(),
+        partition=m.partition(),
+        offset=m.offset(),
+        key=m.key(),
+        value=m.value(),
+        headers=[(k, v or b"") for k, v in (m.headers() or [])],
+        append_ms=m.timestamp()[1],
     )
 
 

@@ -78,3 +78,28 @@ class CommitWatch:
             if self._consumer is not None:
                 self._consumer.close()
                 self._consumer = None
+
+
+def fetch_range(
+    conf: dict[str, Any], topic: str, partition: int, start: int, end: int, timeout_s: float = 15
+) -> list[Any]:
+    """The records at offsets ``[start, end)`` of one partition, read directly (confluent-kafka
+    ``Message`` objects, in offset order). The worker uses it to refine records its Faust
+    stream skipped: raw offsets are contiguous, so a gap between two consecutive events of a
+    partition is a record that was never handed to the agent."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    c = Consumer({**conf, "group.id": "refinery-gap-fetch", "enable.auto.commit": False})
+    out: list[Any] = []
+    try:
+        c.assign([TopicPartition(topic, partition, start)])
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            for m in c.consume(num_messages=max(1, end - start), timeout=0.5):
+                if m.error() is None and start <= int(m.offset() or 0) < end:
+                    out.append(m)
+            if out and int(out[-1].offset() or 0) >= end - 1:
+                break
+    finally:
+        c.close()
+    return out

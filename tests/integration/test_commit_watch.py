@@ -43,3 +43,18 @@ def test_stall_grows_while_input_waits_and_resets_on_commit(
         assert watch.check([]) == 0.0
     finally:
         watch.close()
+
+
+def test_fetch_range_reads_exactly_the_missing_offsets(
+    kafka_conf: dict[str, object], unique_topic: Callable[..., str]
+) -> None:
+    from services.worker.watch import fetch_range
+
+    topic = unique_topic("gap")
+    p = Producer(dict(kafka_conf))
+    for i in range(6):
+        p.produce(topic, value=f"r{i}".encode(), key=b"k", headers=[("content-type", b"x")])
+    assert p.flush(30) == 0
+    got = fetch_range(dict(kafka_conf), topic, 0, 2, 5)
+    assert [m.offset() for m in got] == [2, 3, 4]
+    assert [m.value() for m in got] == [b"r2", b"r3", b"r4"]
