@@ -209,7 +209,9 @@ def _refine_wave(
     acc_rows = column(v.accepted, "row").to_numpy(zero_copy_only=False)
     cuts = np.searchsorted(acc_rows, starts)
     rejected: list[list[RejectedRows]] = [[] for _ in live]
-    for group in v.rejected:
+    if len(live) == 1:  # the rows and their details are the batch's own already
+        rejected[0] = v.rejected
+    for group in v.rejected if len(live) > 1 else []:
         rows = np.asarray(group.rows, dtype=np.int64)
         owner = np.searchsorted(starts, rows, side="right") - 1
         for j in np.unique(owner).tolist():

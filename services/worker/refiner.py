@@ -2,7 +2,7 @@
 messages to publish out, state changes recorded for the next checkpoint.
 
 :class:`Refiner` decodes a record (either wire encoding), routes samples through
-:func:`pipelines.refine.refine_batch` and events/collectives through
+:func:`pipelines.refine.refine_group` and events/collectives through
 :func:`pipelines.aligned.align_records`, and returns :class:`OutMessage` values for the
 refined, aligned, dead-letter, accounting and alert topics. Every input record produces
 exactly one accounting message (outcome ``refined``, ``duplicate``, ``replay`` or
