@@ -297,12 +297,14 @@ def build_app(
         telemetry.gauge("worker.healthy", 1.0 if progress.healthy(cfg.stall_after_s) else 0.0)
         if stalled > 2 * cfg.stall_after_s:
             raise RuntimeError(
-                f"no commit progress for {stalled:.0f}s with {commits.lag} records waiting"
+                f"no commit progress on {commits.stalled_partition} for {stalled:.0f}s"
+                f" ({commits.lag} records waiting in all)"
             )
 
     @app.page("/health")
     async def health(web: Any, request: Any) -> Any:
         ok = progress.healthy(cfg.stall_after_s)
+        stalled_s = progress.commit_stalled_s
         body = {
             "healthy": ok,
             "groups": progress.groups,
@@ -310,6 +312,7 @@ def build_app(
             "since_last_group_s": round(time.monotonic() - progress.last_group_done, 1),
             "commit_stalled_s": round(progress.commit_stalled_s, 1),
             "lag": commits.lag,
+            "stalled_partition": list(commits.stalled_partition or ()) if stalled_s else None,
         }
         return web.json(body, status=200 if ok else 503)
 

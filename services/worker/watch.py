@@ -2,8 +2,10 @@
 
 A worker can hold partitions, answer its web port and still refine nothing (a fetch that never
 resumes after a rebalance, say). :class:`CommitWatch` asks the broker, from a thread, for the
-group's committed offsets and the end offsets of the partitions this worker owns; while input
-waits (lag > 0) and the committed offsets do not move, the stall grows. The worker reports
+group's committed offsets and the end offsets of the partitions this worker owns. Per partition:
+while input waits there (lag > 0) and its committed offset does not move, its stall grows; the
+worker's stall is the longest of them, so one partition the fetcher stopped feeding is seen even
+while the others flow. The worker reports
 itself unhealthy after ``stall_after_s`` and exits non-zero after twice that, so whatever
 supervises it starts a fresh one; nothing is lost, since uncommitted input is replayed.
 """
@@ -22,43 +24,50 @@ class CommitWatch:
         self._conf = {**conf, "group.id": group, "enable.auto.commit": False}
         self._consumer: Any = None
         self._lock = threading.Lock()
-        self._last: dict[tuple[str, int], int] = {}
-        self._since = time.monotonic()
+        self._last: dict[tuple[str, int], int] = {}  # committed offset per partition
+        self._since: dict[tuple[str, int], float] = {}  # waiting with that offset since
         self.lag = 0
+        self.stalled_partition: tuple[str, int] | None = None  # the longest-stalled one
 
     def restart(self) -> None:
-        """Partitions moved: measure the stall from now."""
+        """Partitions moved: measure every stall from now."""
         with self._lock:
             self._last.clear()
-            self._since = time.monotonic()
+            self._since.clear()
 
     def check(self, partitions: list[tuple[str, int]]) -> float:
-        """Query the broker (blocking, a few ms) and return for how many seconds input has
-        been waiting with no commit progress (0 when nothing waits or commits moved)."""
+        """Query the broker (blocking, a few ms) and return the longest time, in seconds, any
+        one partition has had input waiting with no commit progress (0 when none has)."""
         from confluent_kafka import Consumer, TopicPartition
 
         with self._lock:
             if self._consumer is None:
                 self._consumer = Consumer(self._conf)
             now = time.monotonic()
-            if not partitions:
-                self._since, self.lag = now, 0
-                return 0.0
             tps = [TopicPartition(t, p) for t, p in partitions]
-            committed = {
-                (tp.topic, tp.partition): tp.offset
-                for tp in self._consumer.committed(tps, timeout=10)
-            }
-            lag = 0
+            committed = (
+                {
+                    (tp.topic, tp.partition): tp.offset
+                    for tp in self._consumer.committed(tps, timeout=10)
+                }
+                if tps
+                else {}
+            )
+            lag, worst, worst_tp = 0, 0.0, None
+            since: dict[tuple[str, int], float] = {}
             for t, p in partitions:
                 lo, hi = self._watermarks(TopicPartition(t, p))
                 pos = committed.get((t, p), -1)
-                lag += max(0, hi - max(pos, lo))
-            self.lag = lag
-            if lag == 0 or committed != self._last:
-                self._since = now
-            self._last = committed
-            return now - self._since
+                waiting = max(0, hi - max(pos, lo))
+                lag += waiting
+                key = (t, p)
+                moved = self._last.get(key) != pos
+                since[key] = now if waiting == 0 or moved else self._since.get(key, now)
+                if now - since[key] > worst:
+                    worst, worst_tp = now - since[key], key
+            self.lag, self._since, self._last = lag, since, committed
+            self.stalled_partition = worst_tp
+            return worst
 
     def _watermarks(self, tp: Any) -> tuple[int, int]:
         from confluent_kafka import KafkaError, KafkaException

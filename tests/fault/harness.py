@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -221,6 +222,20 @@ def wait_drained(
             break
         time.sleep(1.0)
     return time.monotonic() - t0
+
+
+def worker_story(tmp: Path, w: Supervised | None = None, lines: int = 12) -> str:
+    """What a failed drain needs to be understood: restarts, unhealthy kills and the worker
+    log's last warnings and errors (stalls, skipped offsets, crashes)."""
+    log = tmp / "worker.log"
+    said = [
+        ln[:300]
+        for ln in (log.read_text(errors="replace").splitlines() if log.exists() else [])
+        if re.search(r"\[(WARNING|ERROR|CRITICAL)\]|commit progress|never reached|Traceback", ln)
+        and "Unable connect to node" not in ln
+    ]
+    head = f"restarts={w.restarts} unhealthy_kills={w.unhealthy_kills}; " if w else ""
+    return head + "worker log:\n  " + "\n  ".join(said[-lines:] or ["(no warnings)"])
 
 
 def acked_raw(truth_path: Path) -> int:

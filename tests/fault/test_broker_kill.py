@@ -19,6 +19,7 @@ from tests.fault.harness import (
     report,
     simulate,
     wait_drained,
+    worker_story,
 )
 from tests.integration.worker_helpers import fresh_topics
 
@@ -62,6 +63,6 @@ def test_broker_kill_9_and_restart_loses_nothing(broker: LocalKafka, tmp_path: P
         wait_drained(bootstrap, prefix, acked_raw(tmp_path / "truth.parquet"), 150, w)
         r = reconcile(bootstrap, prefix, tmp_path / "truth.parquet")
         report("broker-kill-9", r, recover_s, worker_restarts=w.restarts, before_kill=before)
-        assert r.ok(), r
+        assert r.ok(), f"{r}; {worker_story(tmp_path, w)}"
     finally:
         w.stop()

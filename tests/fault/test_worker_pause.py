@@ -19,6 +19,7 @@ from tests.fault.harness import (
     report,
     simulate,
     wait_drained,
+    worker_story,
 )
 from tests.integration.worker_helpers import fresh_topics
 
@@ -54,6 +55,6 @@ def test_sigstop_past_session_timeout_then_sigcont(kafka_bootstrap: str, tmp_pat
         wait_drained(kafka_bootstrap, prefix, acked_raw(tmp_path / "truth.parquet"), 120, w)
         r = reconcile(kafka_bootstrap, prefix, tmp_path / "truth.parquet")
         report("worker-sigstop", r, recover_s, restarts=w.restarts, stalled=w.unhealthy_kills)
-        assert r.ok(), r
+        assert r.ok(), f"{r}; {worker_story(tmp_path, w)}"
     finally:
         w.stop()
