@@ -105,4 +105,3 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--out", required=True, help="HTML file to write")
     p.set_defaults(handler=cmd_report)
-
