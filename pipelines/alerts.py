@@ -6,7 +6,10 @@ function of what the alert is about, never of when it was processed::
     alert_id(rule, entity, onset_ns)  ==  sha1(rule | entity | onset bucket)[:20]
 
 so a replay of the same input after a crash or restart produces byte-identical ids and
-consumers deduplicate on ``(id, state)``.
+consumers deduplicate on ``(id, state)``. A condition that resolves and fires again within
+one onset bucket would get the id it had before (and a consumer would drop the new firing as
+a duplicate): :class:`AlertBook` gives such a re-fire an id keyed on its exact onset instead,
+still a function of the data.
 
 :class:`Hysteresis` is the per-(rule, entity) state machine: a condition must hold (``hi``)
 for ``for_ns`` before the alert fires; once firing it resolves only when the value falls to
@@ -19,7 +22,7 @@ Pure: no clocks, no I/O; ``emitted_ns`` is passed in.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import pyarrow as pa
@@ -28,6 +31,8 @@ import pyarrow.compute as pc
 from schemas.records import Alert, AlertState, Lineage, Severity
 
 DEFAULT_BUCKET_NS = 60_000_000_000
+REFIRE_NS = 2 * DEFAULT_BUCKET_NS  # how long a resolved id is remembered against re-fires
+RESOLVED_KEY = "\x1fresolved"
 RAW_TOPIC = "telemetry.raw"
 
 # Classes a value falls into relative to a rule's thresholds.
@@ -193,6 +198,9 @@ class AlertBook:
 
     def __init__(self) -> None:
         self.states: dict[tuple[str, str], Hysteresis] = {}
+        # ids resolved lately per (rule, entity), with their onsets: a re-fire in the same
+        # onset bucket must not reuse one
+        self.resolved: dict[tuple[str, str], list[tuple[int, str]]] = {}
 
     def get(self, rule: str, entity: str) -> Hysteresis:
         return self.states.setdefault((rule, entity), Hysteresis())
@@ -206,6 +214,10 @@ class AlertBook:
     ) -> Alert:
         """Record ``firing`` as open for (rule, entity) and return its firing record."""
         st = self.get(rule, entity)
+        before = self.resolved.get((rule, entity), [])
+        if any(i == firing.id for _, i in before):
+            exact = stable_id("alert", rule, entity, "at", firing.starts_ns)
+            firing = replace(firing, id=exact)
         st.firing = firing
         st.pending_since = None
         st.pending_lineage = []
@@ -218,6 +230,9 @@ class AlertBook:
             return None
         out = st.firing.alert(rule, entity, AlertState.RESOLVED, ends_ns, now_ns)
         del self.states[(rule, entity)]
+        onset = st.firing.starts_ns
+        kept = [(t, i) for t, i in self.resolved.get((rule, entity), []) if onset - t < REFIRE_NS]
+        self.resolved[(rule, entity)] = [*kept, (onset, st.firing.id)]
         return out
 
     def is_firing(self, rule: str, entity: str) -> bool:
@@ -230,15 +245,26 @@ class AlertBook:
             k for k, s in self.states.items() if s.firing is None and s.pending_since is None
         ]:
             del self.states[k]
+        horizon = max((t for v in self.resolved.values() for t, _ in v), default=0) - REFIRE_NS
+        self.resolved = {
+            k: kept for k, v in self.resolved.items() if (kept := [x for x in v if x[0] > horizon])
+        }
 
     def to_dict(self) -> dict[str, Any]:
         self.gc()
-        return {f"{r}\x1f{e}": s.to_dict() for (r, e), s in self.states.items()}
+        out: dict[str, Any] = {f"{r}\x1f{e}": s.to_dict() for (r, e), s in self.states.items()}
+        if self.resolved:
+            out[RESOLVED_KEY] = [[r, e, t, i] for (r, e), v in self.resolved.items() for t, i in v]
+        return out
 
     @staticmethod
     def from_dict(d: dict[str, Any]) -> AlertBook:
         b = AlertBook()
+        for r, e, t, i in d.get(RESOLVED_KEY, []):
+            b.resolved.setdefault((r, e), []).append((int(t), str(i)))
         for k, v in d.items():
+            if k == RESOLVED_KEY:
+                continue
             r, e = k.split("\x1f", 1)
             b.states[(r, e)] = Hysteresis.from_dict(v)
         return b

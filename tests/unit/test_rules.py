@@ -61,6 +61,24 @@ def test_threshold_fires_once_and_resolves_with_the_same_id() -> None:
     assert fire.lineage[0].offset_first == 110 and fire.lineage[0].offset_last >= 140
 
 
+def test_a_refire_in_the_same_minute_gets_its_own_id_and_replays_keep_it() -> None:
+    # fires (onset T0+2 s), resolves at 6 s, fires again (onset 7 s): one onset minute
+    quick = {**HOT, "for": "2s"}
+    vals = [70.0] * 2 + [90.0] * 4 + [70.0] + [90.0] * 4 + [70.0]
+    rows = series("n1", "gpu3", "gpu.temp", vals)
+    out = run(engine(quick), rows)
+    assert states(out) == [("hot", "firing"), ("hot", "resolved")] * 2
+    assert out[0].id == out[1].id and out[2].id == out[3].id
+    assert out[0].id != out[2].id  # else a consumer keyed on (id, state) drops the re-fire
+    assert [a.id for a in run(engine(quick), rows)] == [a.id for a in out]  # a replay: same ids
+    # a restart from saved state in between the two: the re-fire keeps its id too
+    e = engine(quick)
+    first = run(e, rows[: len(rows) // 2])
+    e2 = RuleEngine.from_dict(parse_rules({"rules": [quick]}, catalog=CAT), CAT, e.to_dict())
+    rest = run(e2, rows[len(rows) // 2 :])
+    assert [a.id for a in first + rest] == [a.id for a in out]
+
+
 def test_threshold_shorter_than_for_does_not_fire() -> None:
     vals = [70.0] * 5 + [90.0] * 20 + [70.0] * 5
     assert run(engine(HOT), series("n1", "gpu0", "gpu.temp", vals)) == []
