@@ -7,9 +7,14 @@ import logging
 import signal
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from services.settings import RefinerySettings
+
+if TYPE_CHECKING:
+    from services.detect.core import DetectTopics
+    from services.detect.detector import Detector
+    from services.telemetry import ServiceTelemetry
 
 
 def add_parser(sub: Any) -> None:
@@ -17,8 +22,15 @@ def add_parser(sub: Any) -> None:
         "detect",
         help="derived streams: alerts, episodes with causes, rollups",
         description="Consume telemetry.refined and the aligned events/collectives, evaluate the "
-        "rules, publish telemetry.alerts, telemetry.episodes and telemetry.rollups. Run one "
-        "per cluster. Stops on SIGTERM/Ctrl-C (exit 0).",
+        "rules, publish telemetry.alerts, telemetry.episodes and telemetry.rollups. One "
+        "process owns every partition: run one per cluster. Stops on SIGTERM/Ctrl-C (exit 0).",
+    )
+    p.add_argument(
+        "--engine",
+        choices=("faust", "plain"),
+        default="plain",
+        help="faust: a Faust agent evaluates the rules in the stream; plain (default): one "
+        "confluent-kafka consume/publish/commit loop. Same topics, records and offsets",
     )
     p.add_argument("--rules", help="rule file (default deploy/rules/default.yaml)")
     p.add_argument("--topic-prefix", default="", help="prefix of every topic name (tests)")
@@ -35,21 +47,75 @@ def add_parser(sub: Any) -> None:
         default=None,
         help="exit after this many seconds without input (batch runs, tests)",
     )
+    p.add_argument(
+        "--web-port",
+        type=int,
+        default=0,
+        help="faust engine: /health and /metrics on 127.0.0.1:PORT (default 0: off)",
+    )
+    p.add_argument(
+        "--data-dir", help="faust engine state directory (default $REFINERY_HOME/detect)"
+    )
     p.add_argument("--loglevel", default="warning")
     p.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace, settings: RefinerySettings) -> int:
     from schemas.catalog import default_catalog
+    from services.detect.core import DetectTopics
     from services.detect.detector import DEFAULT_RULES, Detector
-    from services.detect.service import DetectService, DetectTopics
     from services.telemetry import ServiceTelemetry
 
-    logging.basicConfig(level=args.loglevel.upper(), stream=sys.stderr)
+    logging.basicConfig(
+        level=args.loglevel.upper(),
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
     topics = DetectTopics.with_prefix(args.topic_prefix)
     rules = Path(args.rules) if args.rules else DEFAULT_RULES
+    # a bad rule file stops here, before any engine starts (one line, exit 2)
     detector = Detector(default_catalog(), rules, raw_topic=args.topic_prefix + "telemetry.raw")
     telemetry = ServiceTelemetry("detect", otlp_endpoint=settings.otlp_endpoint)
+    try:
+        if args.engine == "plain":
+            return _run_plain(args, settings, topics, detector, telemetry)
+        return _run_faust(args, settings, topics, detector, telemetry)
+    finally:
+        telemetry.shutdown()
+
+
+def _run_faust(
+    args: argparse.Namespace,
+    settings: RefinerySettings,
+    topics: DetectTopics,
+    detector: Detector,
+    telemetry: ServiceTelemetry,
+) -> int:
+    from services.detect.agent import DetectConfig, build_detect_app
+    from services.worker.app import run_worker
+
+    cfg = DetectConfig(
+        group=args.group,
+        lookback_s=args.lookback,
+        idle_exit_s=args.idle_exit,
+        web_port=args.web_port or None,
+        data_dir=Path(args.data_dir) if args.data_dir else settings.home / "detect",
+    )
+    app = build_detect_app(settings.kafka(), topics, detector, telemetry, cfg)
+    rc = run_worker(app, loglevel=args.loglevel)
+    print(f"detect: {app.refinery_detect.stats}", file=sys.stderr)  # type: ignore[attr-defined]
+    return rc
+
+
+def _run_plain(
+    args: argparse.Namespace,
+    settings: RefinerySettings,
+    topics: DetectTopics,
+    detector: Detector,
+    telemetry: ServiceTelemetry,
+) -> int:
+    from services.detect.service import DetectService
+
     stopping = {"now": False}
 
     def stop(*_: Any) -> None:
@@ -65,9 +131,6 @@ def run(args: argparse.Namespace, settings: RefinerySettings) -> int:
         group=args.group,
         lookback_s=args.lookback,
     )
-    try:
-        rc = service.run(lambda: stopping["now"], idle_exit_s=args.idle_exit)
-        print(f"detect: {service.stats}", file=sys.stderr)
-        return rc
-    finally:
-        telemetry.shutdown()
+    rc = service.run(lambda: stopping["now"], idle_exit_s=args.idle_exit)
+    print(f"detect: {service.stats}", file=sys.stderr)
+    return rc

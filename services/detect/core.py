@@ -1,0 +1,220 @@
+"""What both detect engines share: topic names, routing of input records to the
+:class:`~services.detect.detector.Detector`, the lineage replay skip, the watermark, the
+warm-up spans and the derived records to publish.
+
+The engines differ only in how records arrive and how outputs are acknowledged: the plain
+loop (:mod:`services.detect.service`) polls one confluent-kafka consumer; the Faust app
+(:mod:`services.detect.agent`) runs an agent over the same topics.
+
+Warm-up: on assignment each input partition is read from ``lookback_s`` of broker time before
+its committed offset (its :class:`Span`) without publishing what those records produce, so
+the evaluator state, and the alert and episode ids derived from data time, continue where
+the previous process left them. Records from the committed offset on are published.
+
+Watermark: per assigned refined partition the next offset to read and the newest aligned ts
+read. The data time every partition has reached is the least newest ts of the partitions
+that still have records to read (their high watermark, as last fetched, is ahead of what was
+read); when none has, the newest ts read (:func:`low_watermark`). One partition read ahead
+during a backlog must not close the episodes, or judge the stragglers, of another.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pipelines.enrich import TopologyIndex
+from services.detect.detector import Detector, Emitted
+from services.telemetry import ServiceTelemetry
+from services.worker.feed import TopologyFeed
+from services.worker.refiner import OutMessage, arrow_bytes
+
+ARROW_HEADERS = [("content-type", b"application/vnd.apache.arrow.stream")]
+
+
+@dataclass(frozen=True)
+class DetectTopics:
+    refined: str = "telemetry.refined"
+    events: str = "telemetry.events.aligned"
+    collectives: str = "telemetry.collectives.aligned"
+    accounting: str = "telemetry.accounting"
+    topology: str = "topology"
+    jobs: str = "jobs"
+    alerts: str = "telemetry.alerts"
+    episodes: str = "telemetry.episodes"
+    rollups: str = "telemetry.rollups"
+
+    @classmethod
+    def with_prefix(cls, prefix: str) -> DetectTopics:
+        d = cls()
+        return cls(**{k: prefix + v for k, v in d.__dict__.items()})
+
+    @property
+    def inputs(self) -> list[str]:
+        return [self.refined, self.events, self.collectives, self.accounting]
+
+
+@dataclass(frozen=True)
+class Span:
+    """One input partition on assignment: read from ``start``, publish from ``resume`` (the
+    committed offset; with nothing committed both are the oldest offset still there)."""
+
+    topic: str
+    partition: int
+    start: int
+    resume: int
+
+
+def assigned_spans(consumer: Any, parts: list[Any], lookback_ms: int) -> list[Span]:
+    """The :class:`Span` of each of ``parts`` (confluent-kafka ``TopicPartition``), asking
+    the broker for the group's committed offsets (``consumer`` carries the group id) and for
+    the offset ``lookback_ms`` before now."""
+    from confluent_kafka import TopicPartition
+
+    spans = []
+    back = int(time.time() * 1000) - lookback_ms
+    for tp in consumer.committed(parts, timeout=10):
+        if tp.offset < 0:  # nothing committed: read (and publish) from the oldest record
+            low = (consumer.get_watermark_offsets(tp, timeout=10) or (0, 0))[0]
+            spans.append(Span(tp.topic, tp.partition, low, low))
+            continue
+        found = consumer.offsets_for_times(
+            [TopicPartition(tp.topic, tp.partition, back)], timeout=10
+        )[0]
+        start = tp.offset if found.offset < 0 else min(found.offset, tp.offset)
+        spans.append(Span(tp.topic, tp.partition, start, tp.offset))
+    return spans
+
+
+class DetectCore:
+    """Routing, lineage skip, watermark and payloads around one :class:`Detector`. Not
+    thread-safe: one caller at a time."""
+
+    def __init__(
+        self, topics: DetectTopics, detector: Detector, telemetry: ServiceTelemetry
+    ) -> None:
+        self.topics = topics
+        self.detector = detector
+        self.telemetry = telemetry
+        self._raw_seen: dict[int, int] = {}
+        self._next: dict[int, int] = {}  # refined partition -> next offset to read
+        self._latest: dict[int, int] = {}  # refined partition -> newest aligned ts read
+        self._topology_version = -1
+        self.stats = {"alerts": 0, "episodes": 0, "rollups": 0, "records": 0, "warmup": 0}
+
+    def begin(self, spans: list[Span], keep: Iterable[int] = ()) -> None:
+        """Partitions were assigned: reading starts at each span's start. Refined partitions
+        in ``keep`` (still assigned, read on from where they were) keep their position; any
+        other is no longer assigned."""
+        kept = {p: n for p, n in self._next.items() if p in set(keep)}
+        self._next = kept | {s.partition: s.start for s in spans if s.topic == self.topics.refined}
+
+    @property
+    def refined_partitions(self) -> list[int]:
+        return list(self._next)
+
+    def sync_topology(self, feed: TopologyFeed) -> None:
+        """Hand the detector the feed's topology and jobs when they changed."""
+        if feed.error is not None:
+            raise RuntimeError(f"topology feed failed: {feed.error}")
+        if feed.version == self._topology_version:
+            return
+        version, entities, jobs = feed.snapshot()
+        self._topology_version = version
+        self.detector.set_topology(TopologyIndex(entities, jobs))
+        self.detector.set_jobs(jobs)
+
+    def route(self, topic: str, partition: int, offset: int, value: bytes, now: int) -> Emitted:
+        """Feed one input record to the detector; what it produced."""
+        self.stats["records"] += 1
+        if topic == self.topics.accounting:
+            doc = json.loads(value)
+            if doc.get("outcome") == "deadletter" or doc.get("quarantined_samples"):
+                n = 1 if doc.get("outcome") == "deadletter" else int(doc["quarantined_samples"])
+                self.detector.on_deadletters(n, now)
+            return Emitted()
+        table = pa.ipc.open_stream(value).read_all()
+        if topic == self.topics.refined:
+            self._next[partition] = offset + 1
+            if table.num_rows == 0:
+                return Emitted()
+            newest = int(pc.max(table.column("ts")).as_py())
+            self._latest[partition] = max(self._latest.get(partition, newest), newest)
+            part = int(table.column("raw_partition")[0].as_py())
+            off = int(table.column("raw_offset")[0].as_py())
+            if off <= self._raw_seen.get(part, -1):
+                return Emitted()  # a refiner replay of a position already seen
+            self._raw_seen[part] = off
+            return self.detector.on_refined(table, now)
+        if topic == self.topics.events:
+            return self.detector.on_events(table, now)
+        return self.detector.on_collectives(table, now)
+
+    def watermark(self, high: Callable[[int], int]) -> int | None:
+        """:func:`low_watermark` of the assigned refined partitions; ``high(partition)``: its
+        high watermark as last fetched (negative: not known)."""
+        return low_watermark(self._next, {p: high(p) for p in self._next}, self._latest)
+
+    def messages(self, out: Emitted) -> list[OutMessage]:
+        """The records to publish for ``out`` (alerts and episodes as JSON keyed by entity,
+        rollups as Arrow keyed by node), counted in :attr:`stats` and the telemetry."""
+        msgs = []
+        for a in out.alerts:
+            msgs.append(OutMessage(self.topics.alerts, a.entity.encode(), _json(a)))
+            self.stats["alerts"] += 1
+            attrs = {"rule": a.rule, "state": str(a.state)}
+            self.telemetry.count("refinery.alerts", 1, attrs)
+        for e in out.episodes:
+            msgs.append(OutMessage(self.topics.episodes, e.entity.encode(), _json(e)))
+            self.stats["episodes"] += 1
+        for t in out.rollups:
+            for node in set(t.column("node").to_pylist()):
+                part = t.filter(pc.equal(t.column("node"), node))
+                msgs.append(
+                    OutMessage(
+                        self.topics.rollups, node.encode(), arrow_bytes(part), list(ARROW_HEADERS)
+                    )
+                )
+            self.stats["rollups"] += t.num_rows
+        return msgs
+
+
+def _json(record: Any) -> bytes:
+    data: bytes = record.model_dump_json().encode()
+    return data
+
+
+def low_watermark(
+    next_offset: Mapping[int, int], high: Mapping[int, int], latest: Mapping[int, int]
+) -> int | None:
+    """The data time every partition has reached, from per partition the next offset to
+    read, the high watermark (negative: not known yet) and the newest ts read: the least
+    newest ts of the partitions with records left to read, or the newest ts read when none
+    has. None while unknown (a high watermark not known, or records left in a partition of
+    which none was read).
+
+    >>> low_watermark({0: 5, 1: 9}, {0: 9, 1: 9}, {0: 100, 1: 160})  # 0 has 4 left
+    100
+    >>> low_watermark({0: 9, 1: 9}, {0: 9, 1: 9}, {0: 100, 1: 160})  # all read
+    160
+    >>> low_watermark({0: 0, 1: 9}, {0: 3, 1: 9}, {1: 160}) is None  # 0 not read yet
+    True
+    """
+    behind: list[int] = []
+    for p, nxt in next_offset.items():
+        hi = high.get(p, -1)
+        if hi < 0:
+            return None
+        if nxt < hi:
+            if p not in latest:
+                return None
+            behind.append(latest[p])
+    if behind:
+        return min(behind)
+    return max(latest.values(), default=None)
