@@ -1,6 +1,6 @@
 """Lake benchmarks; each returns a dict of figures and prints the ratio it exists to measure.
 
-- :func:`bench_landing`: LakeWriter throughput (sort, zstd, encodings, fsync, rename) against
+- :func:`bench_landing`: LakeWriter throughput (sort, LZ4, encodings, fsync, rename) against
   one plain ``pyarrow.parquet.write_table`` of the same tables. Goal: ratio >= 0.8. fsync
   time is reported apart.
 - :func:`bench_bytes_per_sample`: bytes per refined sample after compaction, on realistic data

@@ -250,14 +250,15 @@ def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
     Raises ValueError when a non-nullable column is absent or has NULLs, or a cast fails.
     """
     n = table.num_rows
+    names = set(table.column_names)
     cols = []
     for field in schema:
-        if field.name in table.column_names:
+        if field.name in names:
             col = table.column(field.name)
             if pa.types.is_dictionary(col.type):
                 col = col.cast(col.type.value_type)
             try:
-                col = col.cast(field.type)
+                col = col if col.type == field.type else col.cast(field.type)
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
                 raise ValueError(f"column {field.name}: {col.type} is not {field.type}") from e
             if not field.nullable and col.null_count:
