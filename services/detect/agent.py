@@ -92,6 +92,7 @@ def build_detect_app(
 ) -> faust.App:
     """A configured Faust app with the ``detect`` agent; run it with ``run_worker``. Its
     :class:`DetectCore` (counts in ``stats``) is the app's ``refinery_detect``."""
+    cfg.data_dir.mkdir(parents=True, exist_ok=True)
     app = faust.App(
         cfg.group,
         broker=kafka.faust_broker(),
@@ -148,7 +149,9 @@ def build_detect_app(
         core.sync_topology(feed)
         now = time.time_ns()
         out = Emitted()
-        for ev in events:
+        for i, ev in enumerate(events):
+            if i and i % 50 == 0:
+                await asyncio.sleep(0)  # let sends, fetches and the web page run
             m = ev.message
             tp = (m.topic, m.partition)
             nxt = state.next_offset.get(tp)

@@ -28,8 +28,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--engine",
         choices=("faust", "plain"),
-        default="plain",
-        help="faust: a Faust agent evaluates the rules in the stream; plain (default): one "
+        default="faust",
+        help="faust (default): a Faust agent evaluates the rules in the stream; plain: one "
         "confluent-kafka consume/publish/commit loop. Same topics, records and offsets",
     )
     p.add_argument("--rules", help="rule file (default deploy/rules/default.yaml)")

@@ -44,7 +44,7 @@ FLAP = ("nic_link_down", "node0000/mlx5_3/1")
 
 def start_detect(bootstrap: str, prefix: str, tmp: Path, n: int) -> WorkerProc:
     log = tmp / f"detect-{n}.log"
-    env = {**os.environ, "REFINERY_BOOTSTRAP_SERVERS": bootstrap}
+    env = {**os.environ, "REFINERY_BOOTSTRAP_SERVERS": bootstrap, "REFINERY_HOME": str(tmp)}
     cmd = [
         sys.executable,
         "-m",

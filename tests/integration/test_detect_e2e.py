@@ -20,9 +20,12 @@ pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[2]
 
 
-def detect(bootstrap: str, prefix: str, group: str, tmp: Path) -> subprocess.CompletedProcess[str]:
-    """Run `refinery detect` until its input has been idle for a few seconds."""
-    env = {**os.environ, "REFINERY_BOOTSTRAP_SERVERS": bootstrap}
+def detect(
+    bootstrap: str, prefix: str, group: str, tmp: Path, *extra: str, idle: float = 8
+) -> subprocess.CompletedProcess[str]:
+    """Run `refinery detect` (default engine; ``extra``: more options) until its input has
+    been idle for ``idle`` seconds."""
+    env = {**os.environ, "REFINERY_BOOTSTRAP_SERVERS": bootstrap, "REFINERY_HOME": str(tmp)}
     return subprocess.run(
         [
             sys.executable,
@@ -34,7 +37,8 @@ def detect(bootstrap: str, prefix: str, group: str, tmp: Path) -> subprocess.Com
             "--group",
             group,
             "--idle-exit",
-            "8",
+            str(idle),
+            *extra,
         ],
         capture_output=True,
         text=True,
