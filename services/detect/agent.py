@@ -222,6 +222,7 @@ def build_detect_app(
                     core.stats["warmup"] += 1
                     if m.offset() >= todo[tp] - 1:
                         del todo[tp]
+                        c.pause([TopicPartition(*tp)])  # read up to its committed offset
                 if msgs:
                     last = time.monotonic()
                 else:
@@ -296,7 +297,9 @@ def build_detect_app(
         async with lock:
             core.sync_topology(feed)
             now = time.time_ns()
-            await publish_acked(app, core.messages(advanced(detector.tick(now), now)))
+            out = advanced(Emitted(), now)  # the watermark first, then what it makes due
+            out.extend(detector.tick(now))
+            await publish_acked(app, core.messages(out))
         telemetry.gauge("detect.groups", progress.groups)
         idle = time.monotonic() - state.last_data
         if cfg.idle_exit_s is not None and idle > cfg.idle_exit_s:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -58,6 +59,18 @@ def start_detect(bootstrap: str, prefix: str, tmp: Path, n: int) -> WorkerProc:
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO)
     return WorkerProc(proc, log)
+
+
+def committed(bootstrap: str, prefix: str) -> bool:
+    """Whether detect's group has committed an offset of the refined topic."""
+    topic = prefix + "telemetry.refined"
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": prefix + "detect"})
+    try:
+        parts = c.list_topics(topic, timeout=10).topics[topic].partitions
+        got = c.committed([TopicPartition(topic, p) for p in parts], timeout=10)
+    finally:
+        c.close()
+    return any(tp.offset > 0 for tp in got)
 
 
 def topic_json(bootstrap: str, topic: str) -> list[dict[str, Any]]:
@@ -116,6 +129,10 @@ def test_kill_9_of_detect_and_worker_mid_incident_keeps_alert_ids(
             # the link is up again at 14 s, the GPU cool at 21 s
             while {THROTTLE, FLAP} - watch.firing and time.monotonic() - t0 < 15:
                 watch.poll()
+            # and detect has committed input: its successor warms up on the span before
+            t1 = time.monotonic()
+            while not committed(kafka_bootstrap, run.prefix) and time.monotonic() - t1 < 5:
+                watch.poll()
             at_kill.update(firing=set(watch.firing), resolved=set(watch.resolved))
             for p in procs.values():
                 p.stop(signal.SIGKILL)
@@ -142,6 +159,8 @@ def test_kill_9_of_detect_and_worker_mid_incident_keeps_alert_ids(
         detect_rc = procs["detect"].stop()
         procs["worker"].stop()
     assert detect_rc == 0, procs["detect"].tail()
+    warmed = re.search(r"'warmup': (\d+)", procs["detect"].tail())
+    assert warmed and int(warmed.group(1)) > 0, procs["detect"].tail()
     assert at_kill["firing"] >= {THROTTLE, FLAP}, "both alerts fire before the kill"
     assert at_kill["resolved"] == set(), "the kill is mid-incident"
 
