@@ -6,22 +6,36 @@
 -- param: start = 1970-01-01 00:00:00 | window start (UTC)
 -- param: end = 2262-01-01 00:00:00 | window end, exclusive (UTC)
 -- param: gap_factor = 3.0 | a gap is an interval longer than this times the series' median
--- Plan: the samples of each series are gathered into one sorted list by a hash aggregation,
--- and intervals, medians and gaps are list operations per series (a window sort over every
--- sample costs several times more). Duplicates can only be where an interval is 0: the exact
--- group-by runs on those series alone.
+-- Plan: the samples of each series are gathered into one list by hash aggregations, and
+-- intervals, medians and gaps are list operations per series (a window sort over every sample
+-- costs several times more). The lists are first built per series and 5 minutes of ts (the
+-- compactor's slabs: each is one sorted row group, read in order), then joined in slab order,
+-- so they come out sorted; only a series whose intervals show otherwise (landed files, a slab
+-- split over two row groups) pays for list_sort. Duplicates can only be where an interval is
+-- 0: the exact group-by runs on those series alone.
 WITH s AS NOT MATERIALIZED (
     SELECT node, device, metric, exporter, instance, ts, reset, clock_offset_ns,
            clock_error_ns, late
     FROM samples
     WHERE ts >= epoch_ns(CAST($start AS TIMESTAMP)) AND ts < epoch_ns(CAST($end AS TIMESTAMP))
 ),
+runs AS (  -- per series and 5 minutes of ts: its timestamps, in file order
+    SELECT node, device, metric, exporter, ts // 300000000000 AS slab, list(ts) AS t
+    FROM s
+    GROUP BY ALL
+),
+ser AS (
+    SELECT node, device, metric, exporter, flatten(list(t ORDER BY slab)) AS t
+    FROM runs
+    GROUP BY ALL
+),
 iv AS MATERIALIZED (  -- per (node, device, metric, exporter): intervals between its samples
-    SELECT node, device, metric, exporter, list_transform(t[2:], lambda x, i: x - t[i]) AS dt
-    FROM (
-        SELECT node, device, metric, exporter, list_sort(list(ts)) AS t
-        FROM s
-        GROUP BY node, device, metric, exporter
+    SELECT node, device, metric, exporter,
+           CASE WHEN sorted IS NULL THEN d
+                ELSE list_transform(sorted[2:], lambda x, i: x - sorted[i]) END AS dt
+    FROM (  -- sorted: only for a series whose runs did not come out in order
+        SELECT *, CASE WHEN list_min(d) < 0 THEN list_sort(t) END AS sorted
+        FROM (SELECT *, list_transform(t[2:], lambda x, i: x - t[i]) AS d FROM ser)
     )
 ),
 by_series AS (  -- per (node, device, metric): every exporter's intervals

@@ -8,9 +8,8 @@ SELECT
     make_timestamp_ns(ts) AS t,
     rate, delta, value, reset, late, null_reason,
     split_part(device, '/', 1) AS nic_dev,
-    CASE WHEN regexp_matches(device, '^[^/]+/[0-9]+')
-         THEN split_part(device, '/', 1) || '/' || split_part(device, '/', 2)
-         ELSE split_part(device, '/', 1) END AS port,
+    -- the first two parts when the second starts with a digit (one regex, no re-splitting)
+    regexp_extract(device, '^[^/]+(/[0-9][^/]*)?', 0) AS port,
     try_cast(regexp_extract(device, '/prio([0-9]+)$', 1) AS INTEGER) AS prio,
     rack, pod, leaf, leaf_port, spine, rail, nic, gpu, job, rank,
     raw_partition, raw_offset, date, hour
