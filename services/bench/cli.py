@@ -1,4 +1,4 @@
-"""``refinery bench [--quick] [--json FILE] [--only NAME,...]``: the benchmark suite.
+"""``refinery bench [--quick|--smoke] [--json FILE] [--only NAME,...]``: the benchmark suite.
 
 Every figure the project's goals name, measured side by side in one run on this machine, with
 its goal and the ratio it exists to measure, plus library versions and machine facts. Results
@@ -53,8 +53,10 @@ class Sizes:
     accuracy_s: int  # alert_accuracy run, simulated = wall seconds
 
     @classmethod
-    def of(cls, quick: bool) -> Sizes:
-        if quick:
+    def of(cls, mode: str) -> Sizes:
+        if mode == "smoke":  # every figure once, at sizes too small to mean much (CI)
+            return cls(150_000, 20, 10, 15, 1, 20_000, 5, 60.0, 25)
+        if mode == "quick":
             return cls(900_000, 250, 40, 30, 1, 100_000, 20, 60.0, 60)
         return cls(8_000_000, 1000, 300, 60, 2, 2_000_000, 200, 300.0, 360)
 
@@ -65,7 +67,14 @@ def add_parser(sub: Any) -> None:
         help="benchmark suite: every goal's figure and ratio, side by side, with versions",
         description=(__doc__ or "").split("\n\n", 1)[1].strip(),
     )
-    p.add_argument("--quick", action="store_true", help="small sizes (about 3 minutes)")
+    size = p.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_true", help="small sizes (about 6 minutes)")
+    size.add_argument(
+        "--smoke",
+        action="store_true",
+        help="tiny sizes: checks that every benchmark runs and reports its figures (the "
+        "figures themselves mean little at this size)",
+    )
     p.add_argument("--json", metavar="FILE", help="write the results as JSON to FILE")
     p.add_argument(
         "--only", metavar="NAME,...", help=f"run only these benchmarks ({', '.join(BENCHMARKS)})"
@@ -93,8 +102,8 @@ def run(args: argparse.Namespace, settings: RefinerySettings) -> int:
     from services.bench.machine import run_facts
 
     names = _selected(args.only)
-    sizes = Sizes.of(args.quick)
-    mode = "quick" if args.quick else "full"
+    mode = "smoke" if args.smoke else "quick" if args.quick else "full"
+    sizes = Sizes.of(mode)
     results: dict[str, BenchResult] = {}
     broker: Any = None
     with tempfile.TemporaryDirectory(prefix="refinery-bench-") as tmp:
