@@ -51,11 +51,12 @@ class Sizes:
     scrapes: int
     worker_timeout_s: float
     accuracy_s: int  # alert_accuracy run, simulated = wall seconds
+    pipeline_rate_cap: float | None = None  # bound on the worker rate the freshness run halves
 
     @classmethod
     def of(cls, mode: str) -> Sizes:
         if mode == "smoke":  # every figure once, at sizes too small to mean much (CI)
-            return cls(150_000, 20, 10, 15, 1, 20_000, 5, 60.0, 25)
+            return cls(150_000, 20, 10, 15, 1, 20_000, 5, 60.0, 25, 60_000.0)
         if mode == "quick":
             return cls(900_000, 250, 40, 30, 1, 100_000, 20, 60.0, 60)
         return cls(8_000_000, 1000, 300, 60, 2, 2_000_000, 200, 300.0, 360)
@@ -186,6 +187,8 @@ def _plan(
 
         out = []
         rate = worker_rate()
+        if rate is not None and sizes.pipeline_rate_cap is not None:
+            rate = min(rate, sizes.pipeline_rate_cap)
         if "freshness" in names:
             fresh, alert = bench_pipeline(k, rate, sizes.pipeline_s, sizes.incidents_per_kind)
             out.append(fresh)
