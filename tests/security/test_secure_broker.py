@@ -292,7 +292,7 @@ def test_pipeline_runs_under_its_own_principals(secure: Secure, tmp_path: Path) 
         )
         assert sim.returncode == 0, sim.stderr[-2000:]
         raw_msgs = json.loads(sim.stdout)["messages_acked"]
-        deadline = time.monotonic() + 90
+        deadline = time.monotonic() + 150  # room for one restart of the worker
         refined = 0
         while time.monotonic() < deadline:
             refined = _watermarks(admin, "telemetry.refined")
