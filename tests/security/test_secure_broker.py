@@ -8,10 +8,13 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import stat
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -26,7 +29,7 @@ from services.security.local import PRINCIPALS, SecureMaterial
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[2]
-WORKER_ARGS = ("--web-port", "0", "--loglevel", "info", "--data-dir")
+WORKER_ARGS = ("--loglevel", "info", "--data-dir")
 
 
 def cli(*args: str, env: dict[str, str] | None = None, timeout: float = 180) -> Any:
@@ -271,18 +274,35 @@ def test_pipeline_runs_under_its_own_principals(secure: Secure, tmp_path: Path) 
 
     env = {**_clean_env(), **secure.env("refinery-worker"), "REFINERY_HOME": str(tmp_path)}
 
+    port = {"web": 0}
+
     def start_worker() -> subprocess.Popen[bytes]:
+        with socket.socket() as sk:
+            sk.bind(("127.0.0.1", 0))
+            port["web"] = sk.getsockname()[1]
+        args = ["worker", *WORKER_ARGS, str(tmp_path / "w"), "--web-port", str(port["web"])]
         with open(log, "ab") as out:
             return subprocess.Popen(
-                [sys.executable, "-m", "services.cli", "worker", *WORKER_ARGS, str(tmp_path / "w")],
+                [sys.executable, "-m", "services.cli", *args],
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 env=env,
                 cwd=REPO,
             )
 
+    def unhealthy() -> bool:
+        try:
+            url = f"http://127.0.0.1:{port['web']}/health"
+            with urllib.request.urlopen(url, timeout=2):
+                return False
+        except urllib.error.HTTPError as e:
+            return e.code == 503
+        except OSError:
+            return False  # not listening yet: no verdict
+
     # supervised as systemd or Kubernetes would: a worker that exits (it does, non-zero, when
-    # a send stays unacknowledged past its timeout) is started again, at most twice here
+    # a send stays unacknowledged past its timeout) or whose /health says it is stuck (a group
+    # hung for 30 s) is started again, at most three times here
     worker, restarts = start_worker(), 0
     try:
         sim = cli(
@@ -292,15 +312,18 @@ def test_pipeline_runs_under_its_own_principals(secure: Secure, tmp_path: Path) 
         )
         assert sim.returncode == 0, sim.stderr[-2000:]
         raw_msgs = json.loads(sim.stdout)["messages_acked"]
-        deadline = time.monotonic() + 150  # room for one restart of the worker
+        deadline = time.monotonic() + 180  # room for restarts of the worker
         refined = 0
         while time.monotonic() < deadline:
             refined = _watermarks(admin, "telemetry.refined")
             accounted = _watermarks(admin, "telemetry.accounting")
             if accounted >= raw_msgs + raw_before:
                 break
+            if worker.poll() is None and unhealthy():
+                worker.kill()
+                worker.wait(30)
             if worker.poll() is not None:
-                assert restarts < 2, log.read_text()[-3000:]
+                assert restarts < 3, log.read_text()[-3000:]
                 worker, restarts = start_worker(), restarts + 1
             time.sleep(1)
         # read again now that accounting is complete: outputs of one group are acknowledged
