@@ -1,12 +1,14 @@
-"""The lake's file system fails under the lander: full (a 48 KiB tmpfs) or read-only (the
-tmpfs remounted ``ro``). The lander exits non-zero, no partial file is visible, no offset is
-committed past what landed; when the file system is back, a restarted lander lands the rest
-exactly once. Needs ``mount`` (root, as in CI's container); skipped otherwise."""
+"""The lake's file system fails under the lander: full (a tmpfs with room for about half of
+what the run lands) or read-only (the tmpfs remounted ``ro``). The lander exits non-zero, no
+partial file is visible, no offset is committed past what landed; when the file system is back,
+a restarted lander lands the rest exactly once. Needs ``mount`` (root, as in CI's container);
+skipped otherwise."""
 
 from __future__ import annotations
 
 import itertools
 import json
+import os
 import re
 import subprocess
 import time
@@ -50,7 +52,7 @@ def _remount(path: Path, options: str) -> None:
 @pytest.fixture
 def lake(tmp_path: Path) -> Iterator[Path]:
     path = tmp_path / "lake"
-    if not _mount(path, "size=48k"):
+    if not _mount(path, "size=64m"):
         pytest.skip("cannot mount a tmpfs here (needs root): disk-full test not run")
     try:
         yield path
@@ -137,16 +139,44 @@ def check_exactly_once(lake: Path, rows_expected: int) -> Reconciled:
     )
 
 
+PAGE = 4096
+
+
+def _pages(root: Path) -> int:
+    """Bytes the files under root take on a tmpfs (whole pages)."""
+    return sum(-(-f.stat().st_size // PAGE) * PAGE for f in root.rglob("*") if f.is_file())
+
+
+def fill_leaving(path: Path, room: int) -> Path:
+    """Fill the file system at path with one file so that about ``room`` bytes stay free."""
+    st = os.statvfs(path)
+    free = st.f_bavail * st.f_frsize
+    filler = path / "filler.bin"
+    with open(filler, "wb") as f:
+        chunk = b"\0" * (1 << 20)
+        left = max(0, free - room)
+        while left:
+            left -= f.write(chunk[: min(left, len(chunk))])
+    return filler
+
+
 def test_disk_full(
     kafka_bootstrap: str, refined: tuple[str, int], lake: Path, tmp_path: Path
 ) -> None:
     topic, rows = refined
+    # How much this run lands, measured by landing it once on an ordinary disk; the full disk
+    # then has room for about half of it, so some files land before the write that fails.
+    reference = tmp_path / "reference-lake"
+    ref_group = f"land-ref-{uuid.uuid4().hex[:8]}"
+    assert land(kafka_bootstrap, topic, reference, ref_group, tmp_path / "land0.log") == 0
+    need = _pages(reference)
+    filler = fill_leaving(lake, max(PAGE, need // 2))
     group = f"land-{uuid.uuid4().hex[:8]}"
     rc = land(kafka_bootstrap, topic, lake, group, tmp_path / "land1.log")
-    assert rc != 0, "the lander should fail on a full disk"
+    assert rc != 0, f"the lander should fail on a full disk (run lands {need} bytes)"
     check_failed_state(kafka_bootstrap, topic, lake, group)
     _, partial_rows = landed(lake)
-    _remount(lake, "size=64m")
+    filler.unlink()
     t0 = time.monotonic()
     assert land(kafka_bootstrap, topic, lake, group, tmp_path / "land2.log") == 0
     r = check_exactly_once(lake, rows)
@@ -158,7 +188,6 @@ def test_read_only_lake(
     kafka_bootstrap: str, refined: tuple[str, int], lake: Path, tmp_path: Path
 ) -> None:
     topic, rows = refined
-    _remount(lake, "size=64m")
     _remount(lake, "ro")
     group = f"land-{uuid.uuid4().hex[:8]}"
     rc = land(kafka_bootstrap, topic, lake, group, tmp_path / "land1.log")
