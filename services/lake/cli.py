@@ -59,7 +59,13 @@ def cmd_land(args: argparse.Namespace, settings: RefinerySettings) -> int:
         compactor=compactor,
         crash_at=args.crash_at,
     )
-    stats = svc.run(once_idle_s=args.once_idle)
+    try:
+        stats = svc.run(once_idle_s=args.once_idle)
+    except OSError as e:  # disk full, read-only, gone: nothing is committed past what landed
+        raise RuntimeError(
+            f"land: cannot write the lake at {settings.lake}: {e.strerror or e}; offsets stay "
+            "at the last landed file, so a restart once the file system is fixed lands the rest"
+        ) from e
     print(json.dumps(stats.__dict__), file=sys.stderr)
     return 0
 

@@ -174,6 +174,7 @@ def test_disk_full(
     group = f"land-{uuid.uuid4().hex[:8]}"
     rc = land(kafka_bootstrap, topic, lake, group, tmp_path / "land1.log")
     assert rc != 0, f"the lander should fail on a full disk (run lands {need} bytes)"
+    assert "cannot write the lake" in (tmp_path / "land1.log").read_text()
     check_failed_state(kafka_bootstrap, topic, lake, group)
     _, partial_rows = landed(lake)
     filler.unlink()
@@ -192,6 +193,7 @@ def test_read_only_lake(
     group = f"land-{uuid.uuid4().hex[:8]}"
     rc = land(kafka_bootstrap, topic, lake, group, tmp_path / "land1.log")
     assert rc != 0, "the lander should fail on a read-only lake"
+    assert "cannot write the lake" in (tmp_path / "land1.log").read_text()
     assert committed(kafka_bootstrap, topic, group) == {}
     _remount(lake, "rw")
     t0 = time.monotonic()
