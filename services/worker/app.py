@@ -206,35 +206,44 @@ def build_app(
     async def run_groups(
         stream: Any, proc: Refiner, stream_table: Any, node_table: Any | None
     ) -> AsyncIterator[None]:
-        async for events in stream.take_events(cfg.take_max, within=cfg.take_within_s):
-            progress.last_group_started = time.monotonic()
-            now = time.time_ns()
-            last_for: dict[str, Any] = {}
-            pending: list[OutMessage] = []
-            with telemetry.span("refine.group", {"records": len(events)}):
-                for lo in range(0, len(events), cfg.refine_chunk):
-                    chunk, recs = await with_skipped(events[lo : lo + cfg.refine_chunk])
-                    for ev, rec, out in zip(
-                        chunk, recs, proc.process_group(recs, now), strict=True
-                    ):
-                        _record(telemetry, out, rec)
-                        pending += out.messages
-                        if out.stream is not None:
-                            last_for[out.stream] = ev
-                            last_for["node:" + out.stream.split("|", 1)[0]] = ev
-                    await asyncio.sleep(0)  # let heartbeats, fetches and sends run
-                await publish_acked(app, pending)  # outputs acknowledged first
-                streams, nodes = proc.dirty_blobs()
-                for key, blob in streams.items():
-                    _put(stream_table, last_for[key], key, blob)
-                if node_table is not None:
-                    for node, blob in nodes.items():
-                        _put(node_table, last_for["node:" + node], node, blob)
-                await app.producer.flush()  # then the state; Faust acks the group after
-            progress.groups += 1
-            progress.records += len(events)
-            progress.last_group_done = time.monotonic()
+        # noack_take: Faust's take_events acks a group when its generator closes, also when
+        # processing it failed, and this process would then commit records whose outputs the
+        # broker never acknowledged. Here a group is acked only once it is done; a failed
+        # one stays uncommitted and the next owner replays it.
+        async for events in stream.noack_take(cfg.take_max, within=cfg.take_within_s):
+            await refine_group(events, proc, stream_table, node_table)
+            for ev in events:
+                await stream.ack(ev)
             yield None
+
+    async def refine_group(
+        events: list[Any], proc: Refiner, stream_table: Any, node_table: Any | None
+    ) -> None:
+        progress.last_group_started = time.monotonic()
+        now = time.time_ns()
+        last_for: dict[str, Any] = {}
+        pending: list[OutMessage] = []
+        with telemetry.span("refine.group", {"records": len(events)}):
+            for lo in range(0, len(events), cfg.refine_chunk):
+                chunk, recs = await with_skipped(events[lo : lo + cfg.refine_chunk])
+                for ev, rec, out in zip(chunk, recs, proc.process_group(recs, now), strict=True):
+                    _record(telemetry, out, rec)
+                    pending += out.messages
+                    if out.stream is not None:
+                        last_for[out.stream] = ev
+                        last_for["node:" + out.stream.split("|", 1)[0]] = ev
+                await asyncio.sleep(0)  # let heartbeats, fetches and sends run
+            await publish_acked(app, pending)  # outputs acknowledged first
+            streams, nodes = proc.dirty_blobs()
+            for key, blob in streams.items():
+                _put(stream_table, last_for[key], key, blob)
+            if node_table is not None:
+                for node, blob in nodes.items():
+                    _put(node_table, last_for["node:" + node], node, blob)
+            await app.producer.flush()  # then the state; Faust acks the group after
+        progress.groups += 1
+        progress.records += len(events)
+        progress.last_group_done = time.monotonic()
 
     @app.agent(
         raw_topic(cfg.inputs.raw, cfg.raw_partitions), supervisor_strategy=CrashingSupervisor

@@ -11,8 +11,14 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
-from confluent_kafka import Producer
-from confluent_kafka.admin import AdminClient
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import (
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    ResourceType,
+)
 
 from schemas.codec import ARROW, JSON, encode
 from schemas.wire import SAMPLES_SCHEMA, Envelope, SourceId
@@ -159,3 +165,68 @@ def test_corrupt_state_crashes_the_worker_nonzero(
         # the consumer stalled before the record reached the agent (a Faust fetch stall, which
         # the commit watch turns into an exit): as its supervisor would, start it again
     assert "not a refinery state blob" in log
+
+
+def _refined_positions(bootstrap: str, prefix: str) -> set[tuple[int, int]]:
+    """Raw (partition, offset) of every refined message (its lineage header)."""
+    out = set()
+    for _, _, headers in read_all(bootstrap, prefix + "telemetry.refined", idle=3.0):
+        lineage = json.loads(dict(headers)["lineage"])
+        out.add((int(lineage["raw_partition"]), int(lineage["raw_offset"])))
+    return out
+
+
+def _committed(bootstrap: str, group: str, topic: str) -> dict[int, int]:
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
+    try:
+        md = c.list_topics(topic, timeout=10)
+        tps = [TopicPartition(topic, p) for p in md.topics[topic].partitions]
+        return {tp.partition: tp.offset for tp in c.committed(tps, timeout=10) if tp.offset >= 0}
+    finally:
+        c.close()
+
+
+def test_a_group_whose_outputs_fail_is_never_committed(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    """The refined topic refuses every message (max.message.bytes 512): the worker's first
+    group cannot publish, the worker exits non-zero, and no raw offset is committed past a
+    record whose refined output the broker never acknowledged. With the limit lifted, a
+    restarted worker refines every record: nothing was lost to the failure."""
+    prefix = fresh_topics(kafka_bootstrap)
+    raw, refined = prefix + "telemetry.raw", prefix + "telemetry.refined"
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+
+    def refined_limit(value: str | None) -> None:
+        op = AlterConfigOpType.SET if value is not None else AlterConfigOpType.DELETE
+        entry = ConfigEntry("max.message.bytes", value or "", incremental_operation=op)
+        res = ConfigResource(ResourceType.TOPIC, refined, incremental_configs=[entry])
+        for f in admin.incremental_alter_configs([res]).values():
+            f.result(30)
+
+    refined_limit("512")
+    now = time.time_ns()
+    items: list[tuple[bytes, bytes, str | None]] = []
+    for node in range(8):
+        for seq in range(2):
+            env, t = batch(f"n{node}", seq, now - (2 - seq) * 1_000_000_000)
+            ct, body = encode(env, t, ARROW)
+            items.append((f"n{node}".encode(), body, ct))
+    produce(kafka_bootstrap, raw, items)
+    with running_worker(kafka_bootstrap, prefix, tmp_path) as w:
+        rc = w.proc.wait(150)
+        log = w.log.read_text(errors="replace")
+    assert rc != 0, log[-3000:]
+    assert "MessageSizeTooLarge" in log, log[-3000:]
+    done = _refined_positions(kafka_bootstrap, prefix)
+    for part, offset in _committed(kafka_bootstrap, prefix + "worker", raw).items():
+        unrefined = [o for o in range(offset) if (part, o) not in done]
+        assert not unrefined, f"partition {part} committed to {offset} past unrefined {unrefined}"
+
+    refined_limit(None)
+    with running_worker(kafka_bootstrap, prefix, tmp_path, name="w2") as w2:
+        acc = accounting(kafka_bootstrap, prefix, expect=len(items), timeout=120)
+        positions = {(int(a["raw_partition"]), int(a["raw_offset"])) for a in acc}  # type: ignore[call-overload]
+        assert len(positions) == len(items), w2.tail()
+        assert len(_refined_positions(kafka_bootstrap, prefix)) == len(items), w2.tail()
+        assert w2.stop(signal.SIGTERM) == 0, w2.tail()
