@@ -24,7 +24,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+import weakref
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -333,6 +334,29 @@ def build_app(
     return app
 
 
+# the topics each aiokafka client of this process has been told to track (see track_topics)
+_TRACKED: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
+
+
+async def track_topics(app: faust.App, topics: Iterable[str]) -> None:
+    """Keep the metadata of every topic this process produces to: ``topics`` and the
+    changelogs of the app's tables.
+
+    aiokafka's producer asks the broker for the metadata of all topics until its first send to
+    a topic it does not know yet (a changelog whose creation the broker's metadata does not
+    show yet, say); from then on it asks only for the topics sent to since, and every other
+    topic drops out of its view. Batches already queued for a dropped topic then wait for a
+    leader the producer never looks up, and time out (seen as NotLeaderForPartition and a
+    30 s send timeout under load). An explicit list that only grows avoids that."""
+    client = app.producer._ensure_producer().client  # type: ignore[attr-defined]
+    tracked = _TRACKED.setdefault(client, set())
+    want = set(topics) | {t.changelog_topic.get_topic_name() for t in app.tables.values()}
+    if want <= tracked:
+        return
+    tracked |= want
+    await client.set_topics(sorted(tracked))
+
+
 async def publish_acked(
     app: faust.App, messages: list[OutMessage], deadline_s: float = 30.0
 ) -> None:
@@ -341,6 +365,7 @@ async def publish_acked(
     until ``deadline_s``; anything else, or still failing then, raises and crashes the agent.
     A message sent twice is harmless: every output carries its lineage and consumers dedupe
     on it, as they do after a replay."""
+    await track_topics(app, {m.topic for m in messages})
     give_up = time.monotonic() + deadline_s
     todo = messages
     while todo:
