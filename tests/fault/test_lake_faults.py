@@ -19,7 +19,6 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from confluent_kafka import Consumer, TopicPartition
 
 from tests.fault.harness import (
     Reconciled,
@@ -30,7 +29,7 @@ from tests.fault.harness import (
     simulate,
     wait_drained,
 )
-from tests.integration.worker_helpers import fresh_topics, read_all
+from tests.integration.worker_helpers import committed, fresh_topics, read_all
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 LAND_ARGS = ("--once-idle", "3", "--no-compact", "--max-rows", "2000")
@@ -104,16 +103,6 @@ def landed(lake: Path) -> tuple[dict[int, list[tuple[int, int]]], int]:
         rows += meta.num_rows
         ranges.setdefault(int(m[1]), []).append((int(m[2]), int(m[3])))
     return ranges, rows
-
-
-def committed(bootstrap: str, topic: str, group: str) -> dict[int, int]:
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
-    try:
-        md = c.list_topics(topic, timeout=10)
-        tps = [TopicPartition(topic, p) for p in md.topics[topic].partitions]
-        return {tp.partition: tp.offset for tp in c.committed(tps, timeout=10) if tp.offset >= 0}
-    finally:
-        c.close()
 
 
 def check_failed_state(bootstrap: str, topic: str, lake: Path, group: str) -> None:

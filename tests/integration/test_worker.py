@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Producer
 from confluent_kafka.admin import (
     AdminClient,
     AlterConfigOpType,
@@ -23,7 +23,13 @@ from confluent_kafka.admin import (
 from schemas.codec import ARROW, JSON, encode
 from schemas.wire import SAMPLES_SCHEMA, Envelope, SourceId
 from services.demo.procs import group_lag
-from tests.integration.worker_helpers import accounting, fresh_topics, read_all, running_worker
+from tests.integration.worker_helpers import (
+    accounting,
+    committed,
+    fresh_topics,
+    read_all,
+    running_worker,
+)
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
@@ -176,16 +182,6 @@ def _refined_positions(bootstrap: str, prefix: str) -> set[tuple[int, int]]:
     return out
 
 
-def _committed(bootstrap: str, group: str, topic: str) -> dict[int, int]:
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
-    try:
-        md = c.list_topics(topic, timeout=10)
-        tps = [TopicPartition(topic, p) for p in md.topics[topic].partitions]
-        return {tp.partition: tp.offset for tp in c.committed(tps, timeout=10) if tp.offset >= 0}
-    finally:
-        c.close()
-
-
 def test_a_group_whose_outputs_fail_is_never_committed(
     kafka_bootstrap: str, tmp_path: Path
 ) -> None:
@@ -219,7 +215,7 @@ def test_a_group_whose_outputs_fail_is_never_committed(
     assert rc != 0, log[-3000:]
     assert "MessageSizeTooLarge" in log, log[-3000:]
     done = _refined_positions(kafka_bootstrap, prefix)
-    for part, offset in _committed(kafka_bootstrap, prefix + "worker", raw).items():
+    for part, offset in committed(kafka_bootstrap, raw, prefix + "worker").items():
         unrefined = [o for o in range(offset) if (part, o) not in done]
         assert not unrefined, f"partition {part} committed to {offset} past unrefined {unrefined}"
 

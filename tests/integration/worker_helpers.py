@@ -135,3 +135,14 @@ def accounting(
 ) -> list[dict[str, object]]:
     rows = read_all(bootstrap, prefix + "telemetry.accounting", until=expect, timeout=timeout)
     return [json.loads(v) for _, v, _ in rows if v is not None]
+
+
+def committed(bootstrap: str, topic: str, group: str) -> dict[int, int]:
+    """The offsets ``group`` has committed on ``topic``, by partition (none: absent)."""
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
+    try:
+        md = c.list_topics(topic, timeout=10)
+        tps = [TopicPartition(topic, p) for p in md.topics[topic].partitions]
+        return {tp.partition: tp.offset for tp in c.committed(tps, timeout=10) if tp.offset >= 0}
+    finally:
+        c.close()
