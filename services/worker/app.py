@@ -8,9 +8,9 @@ Agents, each a thin shim over :class:`services.worker.refiner.Refiner`:
 - ``align``: telemetry.events + telemetry.collectives → telemetry.events.aligned /
   telemetry.collectives.aligned, same contract; state in ``align-streams``.
 
-Per group of records (``take_events``): process each, publish the outputs and wait for their
+Per group of records (``noack_take``): process each, publish the outputs and wait for their
 acknowledgements, write the changed state to the tables and flush the producer — only then
-does Faust ack the records and later commit their offsets. So a crash anywhere replays
+are the records acked, so Faust may commit their offsets; a group that failed is never acked. So a crash anywhere replays
 records whose outputs were either never published (recomputed identically from the older
 state) or already published and remembered in the state (skipped as ``replay``).
 
