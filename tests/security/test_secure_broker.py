@@ -265,12 +265,6 @@ def _watermarks(conf: dict[str, Any], topic: str, deadline_s: float = 60.0) -> i
         c.close()
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="known defect, open under issue #8: in full-suite runs the worker's aiokafka producer "
-    "gets NotLeaderForPartition from the secure broker for 30 s, crashes, and its successor "
-    "stalls with 3 raw records unaccounted (2 of 4 runs); cause not yet found",
-)
 def test_pipeline_runs_under_its_own_principals(secure: Secure, tmp_path: Path) -> None:
     """simulator (exporter) → worker (Faust, aiokafka SCRAM-SHA-512 over TLS) → lander, each
     with only the ACLs of deploy/acls.yaml."""
