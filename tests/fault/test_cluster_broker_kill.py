@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import (  # type: ignore[attr-defined]
     AdminClient,
     ConfigResource,
@@ -100,7 +101,15 @@ def topic_layout(admin: AdminClient, prefix: str, expect: int) -> dict[str, Any]
             break
         time.sleep(0.5)
     res = [ConfigResource("topic", t) for t in names]
-    configs = {r.name: f.result(30) for r, f in admin.describe_configs(res).items()}
+    while True:  # the broker asked may not know a just-created topic yet
+        try:
+            configs = {r.name: f.result(30) for r, f in admin.describe_configs(res).items()}
+            break
+        except KafkaException as e:
+            unknown = e.args and e.args[0].code() == KafkaError.UNKNOWN_TOPIC_OR_PART
+            if not unknown or time.monotonic() > deadline + 30:
+                raise
+            time.sleep(0.5)
     return {
         t: {
             "replicas": {len(p.replicas) for p in md.topics[t].partitions.values()},
