@@ -10,9 +10,10 @@ Agents, each a thin shim over :class:`services.worker.refiner.Refiner`:
 
 Per group of records (``noack_take``): process each, publish the outputs and wait for their
 acknowledgements, write the changed state to the tables and flush the producer — only then
-are the records acked, so Faust may commit their offsets; a group that failed is never acked. So a crash anywhere replays
-records whose outputs were either never published (recomputed identically from the older
-state) or already published and remembered in the state (skipped as ``replay``).
+are the records acked, so Faust may commit their offsets; a group that failed is never
+acked. So a crash anywhere replays records whose outputs were either never published
+(recomputed identically from the older state) or already published and remembered in the
+state (skipped as ``replay``).
 
 A failing agent crashes the worker (``CrashingSupervisor``): the process exits non-zero
 instead of running on without committing. ``/health`` on the web port answers 200 while
@@ -40,7 +41,7 @@ from services.settings import KafkaSettings
 from services.telemetry import ServiceTelemetry
 from services.worker.feed import TopologyFeed
 from services.worker.refiner import Outcome, OutMessage, OutputTopics, RawRecord, Refiner
-from services.worker.watch import CommitWatch, fetch_range
+from services.worker.watch import CommitWatch, fetch_range, start_offsets
 
 log = logging.getLogger(__name__)
 
@@ -179,10 +180,23 @@ def build_app(
         """The chunk's records, preceded where a partition's offsets jump by the records in
         between, fetched directly: input offsets are contiguous, so a jump is a record the
         stream never handed over (seen with Faust's take_events under backlog after a
-        restart) and it must be refined, not skipped. Each is paired with the event after
+        restart, and at the first event after a partition moved between two workers) and it
+        must be refined, not skipped. A newly assigned partition's first event is compared
+        with the group's committed offset. Each is paired with the event after
         it (same partition: its state goes to the same changelog partition)."""
         evs: list[Any] = []
         recs: list[RawRecord] = []
+        new = sorted({(e.message.topic, e.message.partition) for e in chunk} - set(last_offset))
+        if new:  # first events of this assignment: compare them with where reading starts
+            try:
+                starts = await asyncio.get_running_loop().run_in_executor(
+                    None, start_offsets, kafka.librdkafka(), cfg.app_id, new
+                )
+            except Exception as e:  # no answer: the in-assignment check still runs
+                log.warning("start offsets of %s: %s", new, e)
+                starts = {}
+            for tp, start in starts.items():
+                last_offset[tp] = start - 1
         for ev in chunk:
             m = ev.message
             tp = (m.topic, m.partition)

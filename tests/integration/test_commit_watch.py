@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from services.worker.watch import CommitWatch
+from services.worker.watch import CommitWatch, start_offsets
 
 
 def test_stall_grows_while_input_waits_and_resets_on_commit(
@@ -61,3 +61,20 @@ def test_fetch_range_reads_exactly_the_missing_offsets(
     got = fetch_range(dict(kafka_conf), topic, 0, 2, 5)
     assert [m.offset() for m in got] == [2, 3, 4]
     assert [m.value() for m in got] == [b"r2", b"r3", b"r4"]
+
+
+def test_start_offsets_are_the_committed_offset_or_the_log_start(
+    kafka_conf: dict[str, object], unique_topic: Callable[..., str]
+) -> None:
+    topic = unique_topic("start", partitions=2)
+    p = Producer(dict(kafka_conf))
+    for i in range(8):
+        p.produce(topic, value=b"x", partition=i % 2)
+    assert p.flush(30) == 0
+    group = f"start-{uuid.uuid4().hex[:8]}"
+    parts = [(topic, 0), (topic, 1)]
+    assert start_offsets(dict(kafka_conf), group, parts) == {(topic, 0): 0, (topic, 1): 0}
+    c = Consumer({**kafka_conf, "group.id": group, "enable.auto.commit": False})
+    c.commit(offsets=[TopicPartition(topic, 1, 3)], asynchronous=False)
+    c.close()
+    assert start_offsets(dict(kafka_conf), group, parts) == {(topic, 0): 0, (topic, 1): 3}
