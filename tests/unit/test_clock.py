@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import pyarrow as pa
 from hypothesis import given, settings
@@ -37,6 +38,20 @@ class Source:
         return sent, arrival, t
 
 
+def sources(
+    base_ms: tuple[float, float] = (0.2, 2), mu_ms: tuple[float, float] = (1, 5), off0: Any = None
+) -> dict[str, Any]:
+    """Strategies for :class:`Source`: any seed, offset up to ±1 h (or ``off0``), drift up to
+    ±200 ppm, minimum delay ``base_ms`` and mean jitter ``mu_ms`` (ranges in ms)."""
+    return {
+        "seed": st.integers(0, 2**32),
+        "off0": off0 if off0 is not None else st.floats(-3600 * S, 3600 * S),
+        "ppm": st.floats(-200, 200),
+        "base": st.floats(base_ms[0] * MS, base_ms[1] * MS),
+        "mu": st.floats(mu_ms[0] * MS, mu_ms[1] * MS),
+    }
+
+
 def p99(xs: list[float]) -> float:
     xs = sorted(abs(x) for x in xs)
     return xs[int(0.99 * (len(xs) - 1))]
@@ -60,13 +75,7 @@ def run(src: Source, n: int, est: ClockEstimator) -> tuple[list[float], list[Clo
 
 
 @settings(max_examples=40, deadline=None)
-@given(
-    seed=st.integers(0, 2**32),
-    off0=st.floats(-3600 * S, 3600 * S),
-    ppm=st.floats(-200, 200),
-    base=st.floats(0.2 * MS, 2 * MS),
-    mu=st.floats(1 * MS, 3 * MS),
-)
+@given(**sources(mu_ms=(1, 3)))
 def test_property_converges_on_offset_drift_and_jitter(
     seed: int, off0: float, ppm: float, base: float, mu: float
 ) -> None:
@@ -87,13 +96,7 @@ def test_property_converges_on_offset_drift_and_jitter(
 
 
 @settings(max_examples=25, deadline=None)
-@given(
-    seed=st.integers(0, 2**32),
-    off0=st.floats(-3600 * S, 3600 * S),
-    ppm=st.floats(-200, 200),
-    base=st.floats(0.2 * MS, 2 * MS),
-    mu=st.floats(3 * MS, 5 * MS),
-)
+@given(**sources(mu_ms=(3, 5)))
 def test_property_filter_error_scales_with_heavy_jitter(
     seed: int, off0: float, ppm: float, base: float, mu: float
 ) -> None:
@@ -108,13 +111,7 @@ def test_property_filter_error_scales_with_heavy_jitter(
 
 
 @settings(max_examples=25, deadline=None)
-@given(
-    seed=st.integers(0, 2**32),
-    off0=st.floats(-3600 * S, 3600 * S),
-    ppm=st.floats(-200, 200),
-    base=st.floats(0.6 * MS, 1.6 * MS),
-    mu=st.floats(1 * MS, 2 * MS),
-)
+@given(**sources(base_ms=(0.6, 1.6), mu_ms=(1, 2)))
 def test_property_p99_within_1ms_when_min_delay_near_assumed(
     seed: int, off0: float, ppm: float, base: float, mu: float
 ) -> None:
@@ -124,13 +121,7 @@ def test_property_p99_within_1ms_when_min_delay_near_assumed(
 
 
 @settings(max_examples=50, deadline=None)
-@given(
-    seed=st.integers(0, 2**32),
-    off0=st.one_of(st.floats(1.01 * S, 3600 * S), st.floats(-3600 * S, -1.01 * S)),
-    ppm=st.floats(-200, 200),
-    base=st.floats(0.2 * MS, 2 * MS),
-    mu=st.floats(1 * MS, 5 * MS),
-)
+@given(**sources(off0=st.one_of(st.floats(1.01 * S, 3600 * S), st.floats(-3600 * S, -1.01 * S))))
 def test_property_source_off_by_more_than_1s_flagged_within_10_batches(
     seed: int, off0: float, ppm: float, base: float, mu: float
 ) -> None:
