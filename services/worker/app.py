@@ -41,7 +41,7 @@ from services.settings import KafkaSettings
 from services.telemetry import ServiceTelemetry
 from services.worker.feed import TopologyFeed
 from services.worker.refiner import Outcome, OutMessage, OutputTopics, RawRecord, Refiner
-from services.worker.watch import CommitWatch, fetch_range, start_offsets
+from services.worker.watch import CommitWatch, fetch_range
 
 log = logging.getLogger(__name__)
 
@@ -175,6 +175,7 @@ def build_app(
     aligner = Refiner(cat, cfg.outputs, topology, loader(align_streams), lambda _: None, cfg.refine)
 
     last_offset: dict[tuple[str, int], int] = {}  # per input partition, this assignment
+    commits = CommitWatch(kafka.librdkafka(), cfg.app_id)  # the group's committed offsets
 
     async def with_skipped(chunk: list[Any]) -> tuple[list[Any], list[RawRecord]]:
         """The chunk's records, preceded where a partition's offsets jump by the records in
@@ -190,7 +191,7 @@ def build_app(
         if new:  # first events of this assignment: compare them with where reading starts
             try:
                 starts = await asyncio.get_running_loop().run_in_executor(
-                    None, start_offsets, kafka.librdkafka(), cfg.app_id, new
+                    None, commits.start_offsets, new
                 )
             except Exception as e:  # no answer: the in-assignment check still runs
                 log.warning("start offsets of %s: %s", new, e)
@@ -255,7 +256,7 @@ def build_app(
             if node_table is not None:
                 for node, blob in nodes.items():
                     _put(node_table, last_for["node:" + node], node, blob)
-            await app.producer.flush()  # then the state; Faust acks the group after
+            await app.producer.flush()  # then the state; run_groups acks the group after
         progress.groups += 1
         progress.records += len(events)
         progress.last_group_done = time.monotonic()
@@ -297,7 +298,6 @@ def build_app(
             raise RuntimeError(f"topology feed failed: {feed.error}")
         log.info("topology feed %s", "caught up" if caught else "not caught up after 60 s")
 
-    commits = CommitWatch(kafka.librdkafka(), cfg.app_id)
     inputs = {cfg.inputs.raw, cfg.inputs.events, cfg.inputs.collectives}
 
     @app.on_partitions_assigned.connect  # type: ignore[arg-type]

@@ -38,17 +38,15 @@ class CommitWatch:
     def check(self, partitions: list[tuple[str, int]]) -> float:
         """Query the broker (blocking, a few ms) and return the longest time, in seconds, any
         one partition has had input waiting with no commit progress (0 when none has)."""
-        from confluent_kafka import Consumer, TopicPartition
+        from confluent_kafka import TopicPartition
 
         with self._lock:
-            if self._consumer is None:
-                self._consumer = Consumer(self._conf)
             now = time.monotonic()
             tps = [TopicPartition(t, p) for t, p in partitions]
             committed = (
                 {
                     (tp.topic, tp.partition): tp.offset
-                    for tp in self._consumer.committed(tps, timeout=10)
+                    for tp in self._client().committed(tps, timeout=10)
                 }
                 if tps
                 else {}
@@ -68,6 +66,31 @@ class CommitWatch:
             self.lag, self._since, self._last = lag, since, committed
             self.stalled_partition = worst_tp
             return worst
+
+    def start_offsets(self, partitions: list[tuple[str, int]]) -> dict[tuple[str, int], int]:
+        """Where a new owner of each partition starts reading: the group's committed offset,
+        or the start of the log where there is none (``auto.offset.reset=earliest``) or it
+        was deleted. The worker compares the first event of each newly assigned partition
+        with it: Faust's consumer can commit past a record its stream never handed over (its
+        gap check is off by one at the committed offset), so a first event beyond this
+        offset means records to fetch. Blocking, a few ms."""
+        from confluent_kafka import TopicPartition
+
+        with self._lock:
+            tps = [TopicPartition(t, p) for t, p in partitions]
+            committed = self._client().committed(tps, timeout=10)
+            return {
+                (tp.topic, tp.partition): max(tp.offset, self._watermarks(tp)[0])
+                for tp in committed
+            }
+
+    def _client(self) -> Any:
+        """The watch's consumer (never subscribes: it only reads offsets); under the lock."""
+        from confluent_kafka import Consumer
+
+        if self._consumer is None:
+            self._consumer = Consumer(self._conf)
+        return self._consumer
 
     def _watermarks(self, tp: Any) -> tuple[int, int]:
         from confluent_kafka import KafkaError, KafkaException
@@ -109,32 +132,6 @@ def fetch_range(
                     out.append(m)
             if out and int(out[-1].offset() or 0) >= end - 1:
                 break
-    finally:
-        c.close()
-    return out
-
-
-def start_offsets(
-    conf: dict[str, Any], group: str, partitions: list[tuple[str, int]], timeout_s: float = 10
-) -> dict[tuple[str, int], int]:
-    """Where a new owner of each ``(topic, partition)`` starts reading: ``group``'s committed
-    offset, or the start of the log when the group has none (``auto.offset.reset=earliest``).
-    The worker compares the first event of each newly assigned partition with it: Faust's
-    consumer can commit past a record its stream never handed over (its gap check is off by
-    one at the committed offset), so a first event beyond this offset means records to fetch."""
-    from confluent_kafka import Consumer, TopicPartition
-
-    c = Consumer({**conf, "group.id": group, "enable.auto.commit": False})
-    out: dict[tuple[str, int], int] = {}
-    try:
-        tps = [TopicPartition(t, p) for t, p in partitions]
-        for tp in c.committed(tps, timeout=timeout_s):
-            key = (tp.topic, tp.partition)
-            if tp.offset >= 0:
-                out[key] = int(tp.offset)
-            else:
-                low, _ = c.get_watermark_offsets(TopicPartition(*key), timeout=timeout_s)
-                out[key] = int(low)
     finally:
         c.close()
     return out

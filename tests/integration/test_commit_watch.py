@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from services.worker.watch import CommitWatch, start_offsets
+from services.worker.watch import CommitWatch
 
 
 def test_stall_grows_while_input_waits_and_resets_on_commit(
@@ -73,8 +73,12 @@ def test_start_offsets_are_the_committed_offset_or_the_log_start(
     assert p.flush(30) == 0
     group = f"start-{uuid.uuid4().hex[:8]}"
     parts = [(topic, 0), (topic, 1)]
-    assert start_offsets(dict(kafka_conf), group, parts) == {(topic, 0): 0, (topic, 1): 0}
-    c = Consumer({**kafka_conf, "group.id": group, "enable.auto.commit": False})
-    c.commit(offsets=[TopicPartition(topic, 1, 3)], asynchronous=False)
-    c.close()
-    assert start_offsets(dict(kafka_conf), group, parts) == {(topic, 0): 0, (topic, 1): 3}
+    watch = CommitWatch(dict(kafka_conf), group)
+    try:
+        assert watch.start_offsets(parts) == {(topic, 0): 0, (topic, 1): 0}
+        c = Consumer({**kafka_conf, "group.id": group, "enable.auto.commit": False})
+        c.commit(offsets=[TopicPartition(topic, 1, 3)], asynchronous=False)
+        c.close()
+        assert watch.start_offsets(parts) == {(topic, 0): 0, (topic, 1): 3}
+    finally:
+        watch.close()
