@@ -50,7 +50,7 @@ from services.detect.core import DetectCore, DetectTopics, Span, assigned_spans
 from services.detect.detector import Detector, Emitted
 from services.settings import KafkaSettings
 from services.telemetry import ServiceTelemetry
-from services.worker.app import Progress, _credentials, publish_acked
+from services.worker.app import Progress, _credentials, attach_outputs, publish_acked
 from services.worker.feed import TopologyFeed
 from services.worker.refiner import OutMessage
 from services.worker.watch import fetch_range
@@ -333,6 +333,7 @@ def build_detect_app(
         return web.text(telemetry.prometheus_text())
 
     app.refinery_detect = core  # type: ignore[attr-defined]
+    attach_outputs(app, kafka, cfg.group)
     return app
 
 

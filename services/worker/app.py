@@ -40,6 +40,7 @@ from schemas.catalog import Catalog, default_catalog
 from services.settings import KafkaSettings
 from services.telemetry import ServiceTelemetry
 from services.worker.feed import TopologyFeed
+from services.worker.outputs import OutputProducer
 from services.worker.refiner import Outcome, OutMessage, OutputTopics, RawRecord, Refiner
 from services.worker.watch import CommitWatch, fetch_range
 
@@ -345,6 +346,7 @@ def build_app(
         return web.text(telemetry.prometheus_text())
 
     app.refinery_feed = feed  # type: ignore[attr-defined]
+    attach_outputs(app, kafka, cfg.app_id)
     return app
 
 
@@ -371,30 +373,21 @@ async def track_topics(app: faust.App, topics: Iterable[str]) -> None:
     await client.set_topics(sorted(tracked))
 
 
-async def publish_acked(
-    app: faust.App, messages: list[OutMessage], deadline_s: float = 30.0
-) -> None:
-    """Send ``messages`` and wait until every one is acknowledged. A send that fails with a
-    retriable broker error (leader moved, not enough replicas yet, timeout) is sent again
-    until ``deadline_s``; anything else, or still failing then, raises and crashes the agent.
-    A message sent twice is harmless: every output carries its lineage and consumers dedupe
-    on it, as they do after a replay."""
-    await track_topics(app, {m.topic for m in messages})
-    give_up = time.monotonic() + deadline_s
-    todo = messages
-    while todo:
-        futures = [
-            await app.producer.send(m.topic, m.key, m.value, None, None, m.headers) for m in todo
-        ]
-        results = await asyncio.gather(*futures, return_exceptions=True)
-        failed = [(m, r) for m, r in zip(todo, results, strict=True) if isinstance(r, Exception)]
-        for _, err in failed:
-            if not getattr(err, "retriable", False) or time.monotonic() > give_up:
-                raise err
-        if failed:
-            log.warning("%d sends failed (%s); sending again", len(failed), failed[0][1])
-            await asyncio.sleep(0.5)
-        todo = [m for m, _ in failed]
+def attach_outputs(app: faust.App, kafka: KafkaSettings, client_id: str) -> OutputProducer:
+    """Give ``app`` the producer its agents' outputs go through (:func:`publish_acked`)."""
+    outputs = OutputProducer(kafka, client_id)
+    app.refinery_outputs = outputs  # type: ignore[attr-defined]
+    return outputs
+
+
+async def publish_acked(app: faust.App, messages: list[OutMessage]) -> None:
+    """Send ``messages`` through the app's output producer (:func:`attach_outputs`) and wait
+    until every one is acknowledged; raise (and crash the agent) on anything else. A message
+    sent twice (by a replay) is harmless: every output carries its lineage and consumers
+    dedupe on it."""
+    await track_topics(app, ())  # the table changelogs, which the app's producer still sends
+    outputs: OutputProducer = app.refinery_outputs  # type: ignore[attr-defined]
+    await outputs.publish(messages)
 
 
 def _put(table: Any, event: Any, key: str, blob: bytes) -> None:

@@ -213,7 +213,7 @@ def test_a_group_whose_outputs_fail_is_never_committed(
         rc = w.proc.wait(150)
         log = w.log.read_text(errors="replace")
     assert rc != 0, log[-3000:]
-    assert "MessageSizeTooLarge" in log, log[-3000:]
+    assert "MSG_SIZE_TOO_LARGE" in log, log[-3000:]
     done = _refined_positions(kafka_bootstrap, prefix)
     for part, offset in committed(kafka_bootstrap, raw, prefix + "worker").items():
         unrefined = [o for o in range(offset) if (part, o) not in done]
