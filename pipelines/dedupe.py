@@ -123,6 +123,10 @@ class OverlapState:
     sources: dict[str, pa.Table] = field(default_factory=dict)
     # the joined point keys of each source's table, computed once (a cache, not state)
     keys: dict[str, Array] = field(default_factory=dict, compare=False, repr=False)
+    # the metrics of each source's table (a cache, not state): two sources that share no
+    # metric share no point, which is the common case (a node's exporters measure different
+    # things), and a batch is then kept whole without building or hashing point keys
+    metrics: dict[str, frozenset[str]] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if isinstance(self.sources, pa.Table):
@@ -181,12 +185,17 @@ def drop_overlaps(
     n = len(metric)
     if n == 0:
         return OverlapResult(pa.array([], pa.bool_()), 0), state
-    others = [src for src, t in state.sources.items() if src != source and t.num_rows]
+    mine_metrics = frozenset(pc.unique(metric).to_pylist())
+    others = [
+        src
+        for src, t in state.sources.items()
+        if src != source and t.num_rows and not mine_metrics.isdisjoint(_metrics_of(state, src))
+    ]
     dup_count = 0
     keep = None
-    if points is None:
-        points = overlap_points(metric, device, ts_source)
     if others:
+        if points is None:
+            points = overlap_points(metric, device, ts_source)
         seen = [_keys_of(state, src) for src in others]
         hit = pc.is_in(points, value_set=seen[0] if len(seen) == 1 else pa.concat_arrays(seen))
         if any_true(hit):
@@ -195,22 +204,34 @@ def drop_overlaps(
     mine = pa.Table.from_arrays([metric, device, ts_source], schema=POINTS_SCHEMA)
     if keep is not None:
         mine = mine.filter(keep)
+        assert points is not None
         points = points.filter(keep)
     old = state.sources.get(source)
     sources = dict(state.sources)
     keys = {k: v for k, v in state.keys.items() if k != source}
+    metrics = {k: v for k, v in state.metrics.items() if k != source}
     if old is None or (
         not dup_count
         and column(old, "metric").equals(metric)
         and column(old, "device").equals(device)
     ):
         sources[source] = mine  # same series as last time: a plain replacement
-        keys[source] = points
+        if points is not None:
+            keys[source] = points
+        metrics[source] = mine_metrics
     else:
         sources[source] = _merge_series(old, mine)
     if keep is None:
         keep = pa.repeat(pa.scalar(True), n)
-    return OverlapResult(keep, dup_count), OverlapState(sources, keys)
+    return OverlapResult(keep, dup_count), OverlapState(sources, keys, metrics)
+
+
+def _metrics_of(state: OverlapState, source: str) -> frozenset[str]:
+    got = state.metrics.get(source)
+    if got is None:
+        got = frozenset(pc.unique(column(state.sources[source], "metric")).to_pylist())
+        state.metrics[source] = got
+    return got
 
 
 def _keys_of(state: OverlapState, source: str) -> Array:

@@ -29,7 +29,6 @@ from pipelines.dedupe import (
     SeqOutcome,
     SeqWindow,
     drop_overlaps,
-    overlap_points,
 )
 from pipelines.enrich import TopologyIndex
 from pipelines.validate import (
@@ -223,7 +222,6 @@ def _refine_wave(
     # overlapping sources of a node: in order, against the state left by the batches before
     accepted = v.accepted
     metric, device, ts_src = (column(accepted, c) for c in ("metric", "device", "ts_ns"))
-    points = overlap_points(metric, device, ts_src)
     keeps: list[Any] = []
     for j, x in enumerate(live):
         src = x.item.batch.envelope.source
@@ -231,7 +229,7 @@ def _refine_wave(
         ov_state = state.overlaps.get(src.node, OverlapState())
         ov, state.overlaps[src.node] = drop_overlaps(
             metric.slice(lo, m), device.slice(lo, m), ts_src.slice(lo, m),
-            src.stream_key(), ov_state, points.slice(lo, m),
+            src.stream_key(), ov_state,
         )  # fmt: skip
         x.dup = ov.duplicates
         keeps.append(ov.keep)
