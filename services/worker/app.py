@@ -40,7 +40,7 @@ from schemas.catalog import Catalog, default_catalog
 from services.settings import KafkaSettings
 from services.telemetry import ServiceTelemetry
 from services.worker.feed import TopologyFeed
-from services.worker.outputs import OutputProducer
+from services.worker.outputs import Delivery, OutputProducer
 from services.worker.refiner import Outcome, OutMessage, OutputTopics, RawRecord, Refiner
 from services.worker.watch import CommitWatch, fetch_range
 
@@ -239,18 +239,23 @@ def build_app(
         progress.last_group_started = time.monotonic()
         now = time.time_ns()
         last_for: dict[str, Any] = {}
-        pending: list[OutMessage] = []
+        outputs: OutputProducer = app.refinery_outputs  # type: ignore[attr-defined]
+        await track_topics(app, ())  # the table changelogs, which the app's producer sends
+        sent: list[Delivery] = []
         with telemetry.span("refine.group", {"records": len(events)}):
             for lo in range(0, len(events), cfg.refine_chunk):
                 chunk, recs = await with_skipped(events[lo : lo + cfg.refine_chunk])
+                pending: list[OutMessage] = []
                 for ev, rec, out in zip(chunk, recs, proc.process_group(recs, now), strict=True):
                     _record(telemetry, out, rec)
                     pending += out.messages
                     if out.stream is not None:
                         last_for[out.stream] = ev
                         last_for["node:" + out.stream.split("|", 1)[0]] = ev
-                await asyncio.sleep(0)  # let heartbeats, fetches and sends run
-            await publish_acked(app, pending)  # outputs acknowledged first
+                # librdkafka sends a chunk's outputs while the next chunk is refined
+                sent.append(await outputs.enqueue(pending))
+                await asyncio.sleep(0)  # let heartbeats and fetches run
+            await outputs.wait(sent)  # outputs acknowledged first
             streams, nodes = proc.dirty_blobs()
             for key, blob in streams.items():
                 _put(stream_table, last_for[key], key, blob)

@@ -35,6 +35,22 @@ class OutputError(RuntimeError):
     """Outputs the broker did not acknowledge: the group they belong to must not be acked."""
 
 
+class Delivery:
+    """What became of the messages of one :meth:`OutputProducer.enqueue` call (filled in by
+    librdkafka's delivery callbacks)."""
+
+    def __init__(self, messages: int) -> None:
+        self.messages = messages
+        self.acked = 0
+        self.failed: list[tuple[str, KafkaError]] = []
+
+    def delivered(self, err: KafkaError | None, msg: Message) -> None:
+        if err is None:
+            self.acked += 1
+        else:
+            self.failed.append((str(msg.topic()), err))
+
+
 class OutputProducer:
     """One per process, shared by its agents (librdkafka's producer is thread-safe)."""
 
@@ -67,34 +83,45 @@ class OutputProducer:
     async def publish(self, messages: Sequence[OutMessage]) -> None:
         """Send ``messages`` and return once every one is acknowledged; raise
         :class:`OutputError` naming the first failure otherwise."""
-        if not messages:
-            return
-        loop = asyncio.get_running_loop()
-        failed: list[tuple[str, KafkaError]] = []
+        await self.wait([await self.enqueue(messages)])
 
-        def delivered(err: KafkaError | None, msg: Message) -> None:
-            if err is not None:
-                failed.append((str(msg.topic()), err))
-
+    async def enqueue(self, messages: Sequence[OutMessage]) -> Delivery:
+        """Hand ``messages`` to librdkafka, which sends them from its own threads while the
+        caller goes on; :meth:`wait` for the returned :class:`Delivery` before relying on
+        them."""
+        d = Delivery(len(messages))
         for m in messages:
             headers: list[tuple[str, str | bytes | None]] = list(m.headers)
             while True:
                 try:
                     self._producer.produce(
-                        m.topic, m.value, m.key, headers=headers, on_delivery=delivered
+                        m.topic, m.value, m.key, headers=headers, on_delivery=d.delivered
                     )
                     break
                 except BufferError:  # the local queue is full: let deliveries drain it
-                    await loop.run_in_executor(None, self._producer.poll, 0.05)
+                    await asyncio.get_running_loop().run_in_executor(
+                        None, self._producer.poll, 0.05
+                    )
+        return d
+
+    async def wait(self, deliveries: Sequence[Delivery]) -> None:
+        """Return once every message of ``deliveries`` is acknowledged; raise
+        :class:`OutputError` naming the first failure otherwise."""
+        total = sum(d.messages for d in deliveries)
+        if not total:
+            return
         # flush() waits in librdkafka with the GIL released and runs the delivery callbacks
-        left = await loop.run_in_executor(None, self._producer.flush, self.deadline_s + 5.0)
+        left = await asyncio.get_running_loop().run_in_executor(
+            None, self._producer.flush, self.deadline_s + 5.0
+        )
+        failed = [f for d in deliveries for f in d.failed]
         if failed:
             topic, err = failed[0]
             raise OutputError(
-                f"{len(failed)} of {len(messages)} outputs not acknowledged; first: "
+                f"{len(failed)} of {total} outputs not acknowledged; first: "
                 f"{topic}: {err.name()}: {err.str()}"
             )
-        if left:
+        if left and any(d.acked < d.messages for d in deliveries):
             raise OutputError(f"{left} outputs still unacknowledged after {self.deadline_s} s")
 
     def close(self) -> None:
