@@ -60,6 +60,7 @@ class _Pending:
     value: bytes
     headers: tuple[tuple[str, bytes], ...]
     tag: str
+    timestamp_ms: int = 0  # the record's CreateTime; 0: now
 
 
 def initial_seq() -> int:
@@ -129,10 +130,13 @@ class BatchProducer:
         value: bytes,
         headers: tuple[tuple[str, bytes], ...] = (),
         tag: str = "",
+        timestamp_ms: int = 0,
     ) -> None:
-        """Enqueue pre-encoded bytes (importers, the simulator's malformed records)."""
+        """Enqueue pre-encoded bytes (importers, the simulator's malformed records).
+        ``timestamp_ms`` sets the record's CreateTime (0: now); a topic with LogAppendTime
+        replaces it with the broker's append time."""
         self._drain_spool()
-        item = _Pending(key, value, headers, tag)
+        item = _Pending(key, value, headers, tag, timestamp_ms)
         if self._spool or not self._produce(item):
             self._to_spool(item)
         self._producer.poll(0)
@@ -144,6 +148,7 @@ class BatchProducer:
                 value=item.value,
                 key=item.key,
                 headers=list(item.headers),
+                timestamp=item.timestamp_ms,
                 on_delivery=self._delivered(item),
             )
         except BufferError:

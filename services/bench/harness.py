@@ -41,10 +41,11 @@ class BenchKafka:
     def conf(self) -> dict[str, Any]:
         return self.kafka.librdkafka()
 
-    def fresh_topics(self) -> str:
+    def fresh_topics(self, create_time: tuple[str, ...] = ()) -> str:
         """Apply the whole topic spec under a unique prefix; returns the prefix. The topics
         whose timestamps are read (refined, accounting, alerts) use LogAppendTime so a record's
-        timestamp is when the broker appended it."""
+        timestamp is when the broker appended it; those in ``create_time`` keep the
+        producer's timestamp (a preloaded backlog stamped with its simulated arrival)."""
         from services.topics import apply_topics, load_topic_specs
 
         prefix = f"bench{uuid.uuid4().hex[:8]}."
@@ -52,6 +53,9 @@ class BenchKafka:
         for s in load_topic_specs(prefix=prefix):
             if s.name.removeprefix(prefix) in APPEND_TIME_TOPICS:
                 cfg = {**s.config, "message.timestamp.type": "LogAppendTime"}
+                s = s.model_copy(update={"config": cfg})
+            elif s.name.removeprefix(prefix) in create_time:
+                cfg = {**s.config, "message.timestamp.type": "CreateTime"}
                 s = s.model_copy(update={"config": cfg})
             specs.append(s)
         apply_topics(self.conf, specs)

@@ -143,11 +143,16 @@ def bench_worker_throughput(
     r = BenchResult("worker_throughput")
     per_tick = _samples_per_tick(nodes)
     ticks = max(1, math.ceil(samples / per_tick))
-    prefix = k.fresh_topics()
+    # The backlog is simulated as the last ``ticks`` seconds before now and each record is
+    # stamped with its simulated arrival (CreateTime), as a real backlog is stamped on append:
+    # the worker's clock estimates and time joins then see what they would see catching up.
+    # (Appended all at once, every source's clock would look up to ``ticks`` s ahead.)
+    prefix = k.fresh_topics(create_time=("telemetry.raw",))
     topics = sim_topics(prefix)
-    sim = Simulation(Cluster.build(nodes), None, duration_ns=ticks * S)
+    start = time.time_ns() - (ticks + 5) * S
+    sim = Simulation(Cluster.build(nodes), None, start_ns=start, duration_ns=ticks * S)
     k.say(f"  preloading {ticks} ticks of {nodes} nodes (~{ticks * per_tick:,} samples)")
-    rep = publish(sim, k.kafka, topics, None, speed=0, progress_cb=None)
+    rep = publish(sim, k.kafka, topics, None, speed=0, progress_cb=None, stamp_due=True)
     if rep.unacked:
         raise RuntimeError(f"{rep.unacked} messages were not acknowledged while preloading")
     r.add(

@@ -102,8 +102,10 @@ class _Publisher:
         topics: Topics,
         truth: TruthWriter | None,
         extra_conf: dict[str, Any] | None,
+        stamp_due: bool = False,
     ) -> None:
         self.topics, self.truth, self.p = topics, truth, Progress()
+        self.stamp_due = stamp_due
         self.pending: dict[int, tuple[Message, str]] = {}
         self.msg_no = 0
 
@@ -142,7 +144,8 @@ class _Publisher:
         topic = self.topics.of(msg.stream)
         self.pending[self.msg_no] = (msg, topic)
         prod = self.dup_session if msg.kind is SendKind.DUPLICATE else self.producers[msg.stream]
-        prod.send_encoded(msg.key, body, (("content-type", ct.encode()),), str(self.msg_no))
+        stamp = msg.due_ns // 1_000_000 if self.stamp_due else 0
+        prod.send_encoded(msg.key, body, (("content-type", ct.encode()),), str(self.msg_no), stamp)
         self.p.messages_sent += 1
         self.p.samples_sent += msg.samples
 
@@ -178,10 +181,17 @@ def publish(
     stop: Callable[[], bool] | None = None,
     extra_conf: dict[str, Any] | None = None,
     flush_timeout_s: float = 120.0,
+    stamp_due: bool = False,
 ) -> PublishReport:
     """Publish the whole simulation (blocks until it ends, ``stop()`` is true or Ctrl-C), then
     flush and write the truth. Returns a :class:`PublishReport`. Raises what the producer raises
-    on a bad configuration; delivery failures are counted, never raised."""
+    on a bad configuration; delivery failures are counted, never raised.
+
+    ``stamp_due``: each record's CreateTime is when the simulation says it reaches the broker
+    (for topics with CreateTime). A backlog published at ``speed=0`` then carries the arrival
+    times it would have had, as a real backlog in LogAppendTime topics does; otherwise every
+    record of it looks appended at once and the sources' clocks look ahead by up to the
+    simulated duration."""
     topics = topics or Topics()
     fast = speed <= 0 or math.isinf(speed)
     conf = dict(extra_conf or {})
@@ -190,7 +200,7 @@ def publish(
     truth = TruthWriter(truth_path) if truth_path is not None else None
     # producers first (they fetch their idempotent producer ids meanwhile), then the topology,
     # and only then the true clock starts, so the first batches are not late by the set-up time
-    pub = _Publisher(kafka_settings, topics, truth, conf)
+    pub = _Publisher(kafka_settings, topics, truth, conf, stamp_due)
     jobs_prod = BatchProducer(kafka_settings, topic=topics.jobs)
     publish_topology(sim, kafka_settings, topics.topology)
     if sim.start_ns is None:
