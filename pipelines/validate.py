@@ -44,7 +44,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipelines._arrow import Array, column, true_mask, where
+from pipelines._arrow import Array, any_true, column, true_mask, where
 from schemas.catalog import Catalog, Kind, Metric, Overflow
 from schemas.reasons import NullReason, Reason
 
@@ -179,21 +179,43 @@ def _per_metric(metrics: list[Metric | None], idx: Array) -> dict[str, Array]:
 def _sentinel_mask(
     metrics: list[Metric | None], idx: Array, reading: Array, text: Array
 ) -> Array | None:
-    """Rows whose reading or text is one of their metric's sentinels (None if no metric in
-    the batch has any)."""
+    """Rows whose reading or text is one of their metric's sentinels (None if no row can
+    be: no metric in the batch has any, or no row holds any of their values).
+
+    One pass over the rows finds candidates, rows holding a sentinel of *any* metric of the
+    batch; sentinels are rare values, so only those few rows are checked against their own
+    metric's list."""
+    nums = {v for m in metrics if m is not None for v in m.sentinels}
+    texts = {t for m in metrics if m is not None for t in m.sentinel_texts}
+    cand = None
+    if nums:
+        cand = pc.is_in(reading, value_set=pa.array(sorted(nums), pa.float64()))
+    if texts:
+        hit = pc.is_in(text, value_set=pa.array(sorted(texts), pa.string()))
+        cand = hit if cand is None else pc.or_(cand, hit)
+    if cand is None or not any_true(cand):
+        return None
+    rows = where(cand)
+    sub_idx = pc.take(idx, rows)
+    sub_reading, sub_text = pc.take(reading, rows), pc.take(text, rows)
     mask = None
-    for j, m in enumerate(metrics):
+    for j in pc.unique(sub_idx).to_pylist():
+        m = metrics[j]
         if m is None or not (m.sentinels or m.sentinel_texts):
             continue
         hits = []
         if m.sentinels:
-            hits.append(pc.is_in(reading, value_set=pa.array(m.sentinels, pa.float64())))
+            hits.append(pc.is_in(sub_reading, value_set=pa.array(m.sentinels, pa.float64())))
         if m.sentinel_texts:
-            hits.append(pc.is_in(text, value_set=pa.array(m.sentinel_texts, pa.string())))
+            hits.append(pc.is_in(sub_text, value_set=pa.array(m.sentinel_texts, pa.string())))
         hit = hits[0] if len(hits) == 1 else pc.or_(hits[0], hits[1])
-        this = pc.and_(pc.equal(idx, j), hit)
+        this = pc.and_(pc.equal(sub_idx, j), hit)
         mask = this if mask is None else pc.or_(mask, this)
-    return mask
+    if mask is None or not any_true(mask):
+        return None
+    out = np.zeros(len(idx), dtype=bool)
+    out[rows.filter(true_mask(mask)).to_numpy()] = True
+    return pa.array(out)
 
 
 @dataclass
