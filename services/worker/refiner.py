@@ -61,7 +61,7 @@ class RawRecord:
 class OutMessage:
     topic: str
     key: bytes
-    value: bytes
+    value: bytes | pa.Buffer  # an Arrow value stays in its buffer (see arrow_bytes)
     headers: list[tuple[str, bytes]] = field(default_factory=list)
 
 
@@ -90,21 +90,25 @@ class Outcome:
 
 
 _EOS = b"\xff\xff\xff\xff\x00\x00\x00\x00"  # IPC end-of-stream marker
-_SCHEMA_BYTES: dict[pa.Schema, bytes] = {}
+_SCHEMA_BYTES: dict[pa.Schema, pa.Buffer] = {}
 
 
-def arrow_bytes(table: pa.Table) -> bytes:
-    """``table`` as one Arrow IPC stream (schema, record batches, end marker). The schema
-    message is serialized once per schema; a sliced table writes only its rows."""
+def arrow_bytes(table: pa.Table) -> pa.Buffer:
+    """``table`` as one Arrow IPC stream (schema, record batches, end marker) in one Arrow
+    buffer, which the producer takes as it is (no copy into a ``bytes``). The schema message
+    is serialized once per schema; a sliced table writes only its rows."""
     head = _SCHEMA_BYTES.get(table.schema)
     if head is None:
-        head = table.schema.serialize().to_pybytes()
+        head = table.schema.serialize()
         if len(_SCHEMA_BYTES) < 64:
             _SCHEMA_BYTES[table.schema] = head
-    parts: list[bytes | memoryview] = [head]
-    parts += [memoryview(b.serialize()) for b in table.to_batches() if b.num_rows]
-    parts.append(_EOS)
-    return b"".join(parts)
+    sink = pa.BufferOutputStream()
+    sink.write(head)
+    for b in table.to_batches():
+        if b.num_rows:
+            sink.write(b.serialize())
+    sink.write(_EOS)
+    return sink.getvalue()
 
 
 class Refiner:
