@@ -126,38 +126,55 @@ def _envelope(doc: Any) -> Envelope:
         raise RejectedInput(Reason.BAD_ENVELOPE, f"{loc}: {err['msg']}") from e
 
 
+_PLANS: dict[pa.Schema, list[tuple[str, Any, bool, bool]]] = {}
+
+
+def _plan(schema: pa.Schema) -> list[tuple[str, Any, bool, bool]]:
+    """Per field of ``schema``: name, type, nullable, is a string (computed once)."""
+    plan = _PLANS.get(schema)
+    if plan is None:
+        plan = [(f.name, f.type, f.nullable, pa.types.is_string(f.type)) for f in schema]
+        if len(_PLANS) < 64:
+            _PLANS[schema] = plan
+    return plan
+
+
 def _conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
     """Cast to the payload schema; missing nullable columns become NULL, extra ones are dropped."""
     if table.num_rows > MAX_ROWS:
         raise RejectedInput(Reason.OVERSIZED, f"{table.num_rows} rows > {MAX_ROWS}")
+    have = {name: i for i, name in enumerate(table.schema.names)}
+    types = table.schema.types
     cols = []
-    for field in schema:
-        if field.name in table.column_names:
-            col = table.column(field.name)
-            if pa.types.is_dictionary(col.type):
-                col = col.cast(col.type.value_type)
-            if col.type != field.type:
+    for name, typ, nullable, is_string in _plan(schema):
+        i = have.get(name)
+        if i is not None:
+            col = table.column(i)
+            col_type = types[i]
+            if pa.types.is_dictionary(col_type):
+                col = col.cast(col_type.value_type)
+                col_type = col.type
+            if col_type != typ:
                 try:
-                    col = col.cast(field.type)
+                    col = col.cast(typ)
                 except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
                     raise RejectedInput(
-                        Reason.SCHEMA_MISMATCH,
-                        f"column {field.name}: {col.type} is not {field.type}",
+                        Reason.SCHEMA_MISMATCH, f"column {name}: {col_type} is not {typ}"
                     ) from e
-            if not field.nullable and col.null_count:
-                raise RejectedInput(Reason.SCHEMA_MISMATCH, f"column {field.name} has nulls")
-            # no string can be longer than all the column's bytes: skip the scan when small
-            if pa.types.is_string(field.type) and col.nbytes > MAX_STRING_BYTES:
+            if not nullable and col.null_count:
+                raise RejectedInput(Reason.SCHEMA_MISMATCH, f"column {name} has nulls")
+            # no string can be longer than all the column's buffers: skip the scan when small
+            if is_string and col.get_total_buffer_size() > MAX_STRING_BYTES:
                 longest = pc.max(pc.binary_length(col)).as_py() or 0
                 if longest > MAX_STRING_BYTES:
                     raise RejectedInput(
                         Reason.OVERSIZED,
-                        f"column {field.name}: a {longest}-byte string > {MAX_STRING_BYTES}",
+                        f"column {name}: a {longest}-byte string > {MAX_STRING_BYTES}",
                     )
-        elif field.nullable:
-            col = pa.nulls(table.num_rows, field.type)
+        elif nullable:
+            col = pa.nulls(table.num_rows, typ)
         else:
-            raise RejectedInput(Reason.SCHEMA_MISMATCH, f"column {field.name} is missing")
+            raise RejectedInput(Reason.SCHEMA_MISMATCH, f"column {name} is missing")
         cols.append(col)
     return pa.Table.from_arrays(cols, schema=schema)
 
