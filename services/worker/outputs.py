@@ -22,6 +22,7 @@ group's outputs first and writes its state after, so the two producers never rac
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -49,6 +50,10 @@ class Delivery:
             self.acked += 1
         else:
             self.failed.append((str(msg.topic()), err))
+
+    @property
+    def done(self) -> bool:
+        return self.acked + len(self.failed) >= self.messages
 
 
 class OutputProducer:
@@ -110,9 +115,8 @@ class OutputProducer:
         total = sum(d.messages for d in deliveries)
         if not total:
             return
-        # flush() waits in librdkafka with the GIL released and runs the delivery callbacks
-        left = await asyncio.get_running_loop().run_in_executor(
-            None, self._producer.flush, self.deadline_s + 5.0
+        done = await asyncio.get_running_loop().run_in_executor(
+            None, self._serve, deliveries, time.monotonic() + self.deadline_s + 5.0
         )
         failed = [f for d in deliveries for f in d.failed]
         if failed:
@@ -121,8 +125,19 @@ class OutputProducer:
                 f"{len(failed)} of {total} outputs not acknowledged; first: "
                 f"{topic}: {err.name()}: {err.str()}"
             )
-        if left and any(d.acked < d.messages for d in deliveries):
+        if not done:
+            left = sum(d.messages - d.acked for d in deliveries)
             raise OutputError(f"{left} outputs still unacknowledged after {self.deadline_s} s")
+
+    def _serve(self, deliveries: Sequence[Delivery], until: float) -> bool:
+        """Serve delivery reports (in this thread, the GIL released while librdkafka waits)
+        until every one of ``deliveries`` has its report or ``until``. Not ``flush()``: a
+        wait is for these messages, not for whatever other agents queued meanwhile."""
+        while not all(d.done for d in deliveries):
+            if time.monotonic() > until:
+                return False
+            self._producer.poll(0.05)
+        return True
 
     def close(self) -> None:
         """Drop anything still queued (its group was never acked) and release the client."""
