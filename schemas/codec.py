@@ -55,6 +55,28 @@ MAX_ROWS = 200_000
 MAX_STRING_BYTES = 16 * 1024  # any one string value (device, text, message, attrs, ...)
 
 
+_EOS = b"\xff\xff\xff\xff\x00\x00\x00\x00"  # IPC end-of-stream marker
+_SCHEMA_MESSAGES: dict[pa.Schema, pa.Buffer] = {}
+
+
+def ipc_stream(table: pa.Table) -> pa.Buffer:
+    """``table`` as one Arrow IPC stream (schema, record batches, end marker) in one Arrow
+    buffer: the bytes ``pa.ipc.new_stream`` writes, with the schema message serialized once
+    per schema. A sliced table writes only its rows. Producers take the buffer as it is."""
+    head = _SCHEMA_MESSAGES.get(table.schema)
+    if head is None:
+        head = table.schema.serialize()
+        if len(_SCHEMA_MESSAGES) < 64:
+            _SCHEMA_MESSAGES[table.schema] = head
+    sink = pa.BufferOutputStream()
+    sink.write(head)
+    for b in table.to_batches():
+        if b.num_rows:
+            sink.write(b.serialize())
+    sink.write(_EOS)
+    return sink.getvalue()
+
+
 def encode(envelope: Envelope, table: pa.Table, content_type: str = ARROW) -> tuple[str, bytes]:
     """Serialize one batch; returns ``(content_type, body)``. The table must fit its schema."""
     schema = PAYLOAD_SCHEMAS[envelope.kind]

@@ -138,8 +138,3 @@ class OutputProducer:
                 return False
             self._producer.poll(0.05)
         return True
-
-    def close(self) -> None:
-        """Drop anything still queued (its group was never acked) and release the client."""
-        self._producer.purge()
-        self._producer.flush(0)

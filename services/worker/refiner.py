@@ -39,7 +39,7 @@ from pipelines.refine import (
     refine_group,
 )
 from schemas.catalog import Catalog
-from schemas.codec import ARROW, content_type_of, decode
+from schemas.codec import ARROW, content_type_of, decode, ipc_stream
 from schemas.errors import RejectedInput
 from schemas.records import Alert, AlertState, DeadLetter, Severity
 from schemas.wire import Batch, PayloadKind
@@ -89,26 +89,9 @@ class Outcome:
     freshness_ns: int | None  # broker append time - newest aligned ts
 
 
-_EOS = b"\xff\xff\xff\xff\x00\x00\x00\x00"  # IPC end-of-stream marker
-_SCHEMA_BYTES: dict[pa.Schema, pa.Buffer] = {}
-
-
 def arrow_bytes(table: pa.Table) -> pa.Buffer:
-    """``table`` as one Arrow IPC stream (schema, record batches, end marker) in one Arrow
-    buffer, which the producer takes as it is (no copy into a ``bytes``). The schema message
-    is serialized once per schema; a sliced table writes only its rows."""
-    head = _SCHEMA_BYTES.get(table.schema)
-    if head is None:
-        head = table.schema.serialize()
-        if len(_SCHEMA_BYTES) < 64:
-            _SCHEMA_BYTES[table.schema] = head
-    sink = pa.BufferOutputStream()
-    sink.write(head)
-    for b in table.to_batches():
-        if b.num_rows:
-            sink.write(b.serialize())
-    sink.write(_EOS)
-    return sink.getvalue()
+    """An output value: ``table`` as one Arrow IPC stream (:func:`schemas.codec.ipc_stream`)."""
+    return ipc_stream(table)
 
 
 class Refiner:

@@ -20,6 +20,7 @@ import pyarrow as pa
 from pipelines.clock import ClockEstimator, ClockSettings
 from pipelines.counters import STATE_SCHEMA, CounterState
 from pipelines.dedupe import OVERLAP_SCHEMA, OverlapState, SeqWindow
+from schemas.codec import ipc_stream
 
 MAGIC = b"RST1"
 SEQ_SCHEMA = pa.schema(
@@ -27,25 +28,8 @@ SEQ_SCHEMA = pa.schema(
 )
 
 
-_EOS = b"\xff\xff\xff\xff\x00\x00\x00\x00"  # IPC end-of-stream marker
-_SCHEMA_MESSAGES: dict[pa.Schema, pa.Buffer] = {}
-
-
 def _ipc(table: pa.Table) -> bytes:
-    """``table`` as an Arrow IPC stream; the schema message is serialized once per schema
-    (the same bytes ``pa.ipc.new_stream`` writes, at a fraction of the cost per table)."""
-    head = _SCHEMA_MESSAGES.get(table.schema)
-    if head is None:
-        head = table.schema.serialize()
-        if len(_SCHEMA_MESSAGES) < 16:
-            _SCHEMA_MESSAGES[table.schema] = head
-    sink = pa.BufferOutputStream()
-    sink.write(head)
-    for b in table.to_batches():
-        if b.num_rows:
-            sink.write(b.serialize())
-    sink.write(_EOS)
-    return bytes(sink.getvalue())
+    return bytes(ipc_stream(table))
 
 
 def _read_ipc(buf: bytes) -> pa.Table:
