@@ -50,7 +50,13 @@ from services.detect.core import DetectCore, DetectTopics, Span, assigned_spans
 from services.detect.detector import Detector, Emitted
 from services.settings import KafkaSettings
 from services.telemetry import ServiceTelemetry
-from services.worker.app import Progress, _credentials, attach_outputs, publish_acked
+from services.worker.app import (
+    Progress,
+    _credentials,
+    attach_outputs,
+    manual_acks,
+    publish_acked,
+)
 from services.worker.feed import TopologyFeed
 from services.worker.refiner import OutMessage
 from services.worker.watch import fetch_range
@@ -171,17 +177,18 @@ def build_detect_app(
         supervisor_strategy=CrashingSupervisor,
     )
     async def detect(stream: Any) -> None:
-        async for events in stream.noack_take(cfg.take_max, within=cfg.take_within_s):
-            await ready.wait()
-            progress.last_group_started = time.monotonic()
-            async with lock:
-                with telemetry.span("detect.group", {"records": len(events)}):
-                    await publish_acked(app, await route(events))  # derived records first
-            for ev in events:  # then Faust may commit the input
-                await stream.ack(ev)
-            progress.groups += 1
-            progress.records += len(events)
-            progress.last_group_done = state.last_data = time.monotonic()
+        async with manual_acks(stream, cfg.take_max, cfg.take_within_s) as groups:
+            async for events in groups:
+                await ready.wait()
+                progress.last_group_started = time.monotonic()
+                async with lock:
+                    with telemetry.span("detect.group", {"records": len(events)}):
+                        await publish_acked(app, await route(events))  # derived records first
+                for ev in events:  # then Faust may commit the input
+                    await stream.ack(ev)
+                progress.groups += 1
+                progress.records += len(events)
+                progress.last_group_done = state.last_data = time.monotonic()
 
     def warm_up(parts: list[tuple[str, int]], keep: list[int]) -> tuple[list[Span], Emitted]:
         """Read the warm-up spans of ``parts`` into the detector (blocking: runs in a

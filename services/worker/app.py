@@ -23,6 +23,7 @@ groups complete (or nothing waits), 503 when progress has stalled.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import weakref
@@ -227,11 +228,12 @@ def build_app(
         # processing it failed, and this process would then commit records whose outputs the
         # broker never acknowledged. Here a group is acked only once it is done; a failed
         # one stays uncommitted and the next owner replays it.
-        async for events in stream.noack_take(cfg.take_max, within=cfg.take_within_s):
-            await refine_group(events, proc, stream_table, node_table)
-            for ev in events:
-                await stream.ack(ev)
-            yield None
+        async with manual_acks(stream, cfg.take_max, cfg.take_within_s) as groups:
+            async for events in groups:
+                await refine_group(events, proc, stream_table, node_table)
+                for ev in events:
+                    await stream.ack(ev)
+                yield None
 
     async def refine_group(
         events: list[Any], proc: Refiner, stream_table: Any, node_table: Any | None
@@ -393,6 +395,23 @@ async def publish_acked(app: faust.App, messages: list[OutMessage]) -> None:
     await track_topics(app, ())  # the table changelogs, which the app's producer still sends
     outputs: OutputProducer = app.refinery_outputs  # type: ignore[attr-defined]
     await outputs.publish(messages)
+
+
+@contextlib.asynccontextmanager
+async def manual_acks(stream: Any, take_max: int, within_s: float) -> AsyncIterator[Any]:
+    """Faust's ``noack_take`` groups, whose events only the caller acks, also after the
+    groups end. ``noack_take`` turns the stream's own acks off while it runs and back on when
+    it closes, and the stream's background reader goes on reading and acking every event it
+    passes: after a failed group (the agent crashing) that acked records no agent refined,
+    and the shutdown commit committed them (seen: a worker whose outputs the broker refused
+    committed two unrefined records of a partition). On the way out, a crash included, the
+    groups are closed here at once and the stream's acks stay off."""
+    groups = stream.noack_take(take_max, within=within_s)
+    try:
+        yield groups
+    finally:
+        await groups.aclose()  # noack_take's cleanup turns the stream's acks back on ...
+        stream.enable_acks = False  # ... and nothing this process did not refine is acked
 
 
 def _put(table: Any, event: Any, key: str, blob: bytes) -> None:
