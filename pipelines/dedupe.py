@@ -176,12 +176,10 @@ def drop_overlaps(
     ts_source: Array,
     source: str,
     state: OverlapState,
-    points: Array | None = None,
 ) -> tuple[OverlapResult, OverlapState]:
     """Find rows of one batch (all from ``source``, a stream key) already delivered by
     another source of the same node. Returns the keep mask and the new state; ``state`` is
-    not modified. ``points`` may give :func:`overlap_points` of the rows, if computed
-    already. Never raises on data."""
+    not modified. Never raises on data."""
     n = len(metric)
     if n == 0:
         return OverlapResult(pa.array([], pa.bool_()), 0), state
@@ -193,9 +191,9 @@ def drop_overlaps(
     ]
     dup_count = 0
     keep = None
+    points = None  # the rows' point keys, built only when another source shares a metric
     if others:
-        if points is None:
-            points = overlap_points(metric, device, ts_source)
+        points = overlap_points(metric, device, ts_source)
         seen = [_keys_of(state, src) for src in others]
         hit = pc.is_in(points, value_set=seen[0] if len(seen) == 1 else pa.concat_arrays(seen))
         if any_true(hit):

@@ -30,10 +30,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipelines.enrich import TopologyIndex
+from schemas.codec import ipc_stream
 from services.detect.detector import Detector, Emitted
 from services.telemetry import ServiceTelemetry
 from services.worker.feed import TopologyFeed
-from services.worker.refiner import OutMessage, arrow_bytes
+from services.worker.refiner import OutMessage
 
 ARROW_HEADERS = [("content-type", b"application/vnd.apache.arrow.stream")]
 
@@ -178,7 +179,7 @@ class DetectCore:
                 part = t.filter(pc.equal(t.column("node"), node))
                 msgs.append(
                     OutMessage(
-                        self.topics.rollups, node.encode(), arrow_bytes(part), list(ARROW_HEADERS)
+                        self.topics.rollups, node.encode(), ipc_stream(part), list(ARROW_HEADERS)
                     )
                 )
             self.stats["rollups"] += t.num_rows

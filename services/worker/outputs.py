@@ -64,7 +64,6 @@ class OutputProducer:
         kafka: KafkaSettings,
         client_id: str,
         deadline_s: float = 30.0,
-        extra_conf: dict[str, Any] | None = None,
     ) -> None:
         self.deadline_s = deadline_s
         conf: dict[str, Any] = {
@@ -82,7 +81,6 @@ class OutputProducer:
             "message.timeout.ms": int(deadline_s * 1000),
             "log_level": 3,
         }
-        conf.update(extra_conf or {})
         self._producer = Producer(conf)
 
     async def publish(self, messages: Sequence[OutMessage]) -> None:

@@ -61,7 +61,7 @@ class RawRecord:
 class OutMessage:
     topic: str
     key: bytes
-    value: bytes | pa.Buffer  # an Arrow value stays in its buffer (see arrow_bytes)
+    value: bytes | pa.Buffer  # an Arrow value stays in its buffer (see schemas.codec.ipc_stream)
     headers: list[tuple[str, bytes]] = field(default_factory=list)
 
 
@@ -87,11 +87,6 @@ class Outcome:
     stream: str | None
     clock_offset_ns: int | None
     freshness_ns: int | None  # broker append time - newest aligned ts
-
-
-def arrow_bytes(table: pa.Table) -> pa.Buffer:
-    """An output value: ``table`` as one Arrow IPC stream (:func:`schemas.codec.ipc_stream`)."""
-    return ipc_stream(table)
 
 
 class Refiner:
@@ -242,7 +237,7 @@ class Refiner:
                 OutMessage(
                     self.topics.refined,
                     key,
-                    arrow_bytes(r.refined),
+                    ipc_stream(r.refined),
                     [("content-type", ARROW.encode()), ("lineage", header)],
                 )
             )
@@ -309,7 +304,7 @@ class Refiner:
             else self.topics.collectives
         )
         key = rec.key or src.node.encode()
-        msgs = [OutMessage(topic, key, arrow_bytes(table), [("content-type", ARROW.encode())])]
+        msgs = [OutMessage(topic, key, ipc_stream(table), [("content-type", ARROW.encode())])]
         msgs.append(self._accounting(rec, "refined", n, n, 0, 0, src.node))
         return Outcome(msgs, "refined", n, n, 0, 0, {}, stream, est.offset_ns, None)
 
