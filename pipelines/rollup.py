@@ -1,15 +1,17 @@
 """Tumbling-window rollups (10 s and 1 min by default) per node, device and metric.
 
 Each refined batch is reduced with one ``group_by`` per window size into partial aggregates
-``(window_start, node, device, metric) → min, max, sum, count, last, last_ts`` and merged
-into the open windows with a second ``group_by`` (partials combine exactly: min of mins,
-sum of sums, the ``last`` of the greatest ``last_ts``). A window is emitted once
+``(window_start, node, device, metric) → min, max, sum, count, last, last_ts``; these are
+merged into the open windows with a second ``group_by`` when a window is due to close or
+they outgrow the merged state (partials combine exactly: min of mins, sum of sums, the
+``last`` of the greatest ``last_ts``). A window is emitted once
 ``watermark = max aligned ts - allowed_lateness`` passes its end; emitted rows follow
 :data:`schemas.records.ROLLUP_SCHEMA` (``mean = sum / count``). Samples whose window was
 already emitted are counted in ``late_dropped`` rather than re-opening it (the lake keeps
 them; rollups are a derived view).
 
-State: the open windows x series, as one Arrow table per window size.
+State: the open windows x series, as one merged Arrow table per window size plus the
+partials not merged yet.
 """
 
 from __future__ import annotations
@@ -46,16 +48,17 @@ class RollupSettings:
     allowed_lateness_ns: int = 5_000_000_000
 
 
-def _last_per_group(t: pa.Table, value: str, ts: str) -> pa.Table:
-    """Per group of ``_KEY``: the ``value`` at the greatest ``ts`` (ties: the last row)."""
-    idx = pa.array(range(t.num_rows), pa.int64())
-    t2 = t.append_column("_i", idx)
-    mx = t2.group_by(_KEY).aggregate([(ts, "max")])
-    j = t2.join(mx, _KEY, join_type="inner")
-    j = j.filter(pc.equal(j[ts], j[f"{ts}_max"]))
-    pick = j.group_by(_KEY).aggregate([("_i", "max")])
-    got = t.take(pick["_i_max"])
-    return pa.table({**{k: got[k] for k in _KEY}, "last": got[value], "last_ts": got[ts]})
+def _by_key(t: pa.Table, aggs: list[tuple[str, str]], value: str, ts: str) -> pa.Table:
+    """One PARTIAL_SCHEMA row per ``_KEY`` group of ``t``: the four ``aggs`` (min, max,
+    sum, count in that order), ``last`` (``value`` at the greatest ``ts``; ties: the later
+    row) and ``last_ts``. One stable sort on ``ts`` and one single-threaded hash
+    aggregation, whose ``last`` then follows ts order."""
+    t = t.take(pc.sort_indices(t[ts]))
+    agg = t.group_by(_KEY, use_threads=False).aggregate([*aggs, (value, "last"), (ts, "max")])
+    names = [f"{col}_{fn}" for col, fn in aggs] + [f"{value}_last", f"{ts}_max"]
+    return pa.table(
+        [agg[k] for k in _KEY] + [agg[n] for n in names], names=PARTIAL_SCHEMA.names
+    ).cast(PARTIAL_SCHEMA)
 
 
 def partials(refined: pa.Table, window_s: int) -> pa.Table:
@@ -75,42 +78,34 @@ def partials(refined: pa.Table, window_s: int) -> pa.Table:
     w = window_s * 1_000_000_000
     start = pc.multiply(pc.divide(t["ts"], w), w)  # int division floors for ts >= 0
     t = t.append_column("window_start", start)
-    agg = t.group_by(_KEY).aggregate(
-        [("value", "min"), ("value", "max"), ("value", "sum"), ("value", "count")]
-    )
-    last = _last_per_group(t, "value", "ts")
-    j = agg.join(last, _KEY, join_type="inner")
-    j = j.rename_columns(
-        [c.removeprefix("value_") if c.startswith("value_") else c for c in j.column_names]
-    )
-    return j.select(PARTIAL_SCHEMA.names).cast(PARTIAL_SCHEMA)
+    aggs = [("value", "min"), ("value", "max"), ("value", "sum"), ("value", "count")]
+    return _by_key(t, aggs, "value", "ts")
 
 
 def merge_partials(t: pa.Table) -> pa.Table:
     """Combine PARTIAL_SCHEMA rows sharing a key into one row each."""
     if t.num_rows == 0:
         return t
-    agg = t.group_by(_KEY).aggregate(
-        [("min", "min"), ("max", "max"), ("sum", "sum"), ("count", "sum")]
-    )
-    agg = agg.rename_columns(
-        [
-            {"min_min": "min", "max_max": "max", "sum_sum": "sum", "count_sum": "count"}.get(c, c)
-            for c in agg.column_names
-        ]
-    )
-    last = _last_per_group(t, "last", "last_ts")
-    return agg.join(last, _KEY, join_type="inner").select(PARTIAL_SCHEMA.names).cast(PARTIAL_SCHEMA)
+    aggs = [("min", "min"), ("max", "max"), ("sum", "sum"), ("count", "sum")]
+    return _by_key(t, aggs, "last", "last_ts")
 
 
 class Rollup:
-    """Open windows per size; :meth:`update` returns closed windows as ROLLUP_SCHEMA."""
+    """Open windows per size; :meth:`update` returns closed windows as ROLLUP_SCHEMA.
 
-    def __init__(self, settings: RollupSettings | None = None) -> None:
+    A batch's partials are kept as they come and merged only when a window closes, or when
+    they outgrow the merged state (so memory stays within about twice the open windows x
+    series): merging the whole state on every batch cost O(state) per batch."""
+
+    def __init__(self, settings: RollupSettings | None = None, merge_rows: int = 65_536) -> None:
         self.settings = settings or RollupSettings()
+        self.merge_rows = merge_rows  # fresh partial rows merged early past this (or the state)
         self.open: dict[int, pa.Table] = {
             w: PARTIAL_SCHEMA.empty_table() for w in self.settings.windows_s
         }
+        self._fresh: dict[int, list[pa.Table]] = {w: [] for w in self.settings.windows_s}
+        self._fresh_rows: dict[int, int] = dict.fromkeys(self.settings.windows_s, 0)
+        self._first: dict[int, int | None] = dict.fromkeys(self.settings.windows_s, None)
         self.emitted_until: dict[int, int] = dict.fromkeys(self.settings.windows_s, 0)
         self.watermark = 0
         self.late_dropped = 0
@@ -124,10 +119,20 @@ class Rollup:
             )
         out = []
         for w in self.settings.windows_s:
-            p = partials(refined, w) if refined.num_rows else PARTIAL_SCHEMA.empty_table()
-            ok = pc.greater_equal(p["window_start"], self.emitted_until[w])
-            self.late_dropped += int(pc.sum(p.filter(pc.invert(ok))["count"]).as_py() or 0)
-            self.open[w] = merge_partials(pa.concat_tables([self.open[w], p.filter(ok)]))
+            if refined.num_rows:
+                p = partials(refined, w)
+                ok = pc.greater_equal(p["window_start"], self.emitted_until[w])
+                kept, late = p.filter(ok), p.filter(pc.invert(ok))
+                if late.num_rows:
+                    self.late_dropped += int(pc.sum(late["count"]).as_py())
+                if kept.num_rows:
+                    self._fresh[w].append(kept)
+                    self._fresh_rows[w] += kept.num_rows
+                    first = int(pc.min(kept["window_start"]).as_py())
+                    old = self._first[w]
+                    self._first[w] = first if old is None else min(old, first)
+                if self._fresh_rows[w] > max(self.open[w].num_rows, self.merge_rows):
+                    self._merge(w)
             out.append(self._close(w, self.watermark))
         return pa.concat_tables(out)
 
@@ -135,18 +140,31 @@ class Rollup:
         """Close every open window (shutdown or end of a replay)."""
         return pa.concat_tables([self._close(w, 2**62) for w in self.settings.windows_s])
 
+    def _merge(self, w: int) -> None:
+        if self._fresh[w]:
+            self.open[w] = merge_partials(pa.concat_tables([self.open[w], *self._fresh[w]]))
+            self._fresh[w], self._fresh_rows[w] = [], 0
+
     def _close(self, w: int, watermark: int) -> pa.Table:
         wn = w * 1_000_000_000
+        first = self._first[w]
+        if first is None or first + wn > watermark:
+            return _to_rollup(PARTIAL_SCHEMA.empty_table(), w)
+        self._merge(w)
         t = self.open[w]
         done = pc.less_equal(pc.add(t["window_start"], wn), watermark)
         closed = t.filter(done)
         self.open[w] = t.filter(pc.invert(done))
+        left = self.open[w]
+        self._first[w] = int(pc.min(left["window_start"]).as_py()) if left.num_rows else None
         if closed.num_rows:
             end = int(pc.max(closed["window_start"]).as_py()) + wn
             self.emitted_until[w] = max(self.emitted_until[w], end)
         return _to_rollup(closed, w)
 
     def to_dict(self) -> dict[str, Any]:
+        for w in self.settings.windows_s:
+            self._merge(w)
         return {
             "open": {str(w): t.to_pylist() for w, t in self.open.items()},
             "emitted_until": {str(w): v for w, v in self.emitted_until.items()},
@@ -160,6 +178,8 @@ class Rollup:
         for w in r.settings.windows_s:
             rows = d.get("open", {}).get(str(w), [])
             r.open[w] = pa.Table.from_pylist(rows, PARTIAL_SCHEMA)
+            if r.open[w].num_rows:
+                r._first[w] = int(pc.min(r.open[w]["window_start"]).as_py())
             r.emitted_until[w] = int(d.get("emitted_until", {}).get(str(w), 0))
         r.watermark = int(d.get("watermark", 0))
         r.late_dropped = int(d.get("late_dropped", 0))

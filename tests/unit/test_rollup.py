@@ -53,8 +53,8 @@ def gen_rows(rng: random.Random, n: int) -> list[dict[str, Any]]:
     return rows
 
 
-def roll(rows: list[dict[str, Any]], batch: int) -> pa.Table:
-    r = Rollup(RollupSettings(windows_s=(10, 60), allowed_lateness_ns=3 * S))
+def roll(rows: list[dict[str, Any]], batch: int, merge_rows: int = 65_536) -> pa.Table:
+    r = Rollup(RollupSettings(windows_s=(10, 60), allowed_lateness_ns=3 * S), merge_rows)
     outs = [r.update(refined(rows[i : i + batch])) for i in range(0, len(rows), batch)]
     outs.append(r.flush())
     assert r.late_dropped == 0
@@ -83,10 +83,15 @@ def close(a: dict[Any, Any], b: dict[Any, Any]) -> bool:
 
 
 @settings(max_examples=15, deadline=None)
-@given(seed=st.integers(0, 10_000), n=st.integers(1, 600), batch=st.integers(5, 200))
-def test_rollup_equals_naive_recomputation(seed: int, n: int, batch: int) -> None:
+@given(
+    seed=st.integers(0, 10_000),
+    n=st.integers(1, 600),
+    batch=st.integers(5, 200),
+    merge_rows=st.sampled_from([0, 16, 65_536]),  # partials merged every batch .. at close
+)
+def test_rollup_equals_naive_recomputation(seed: int, n: int, batch: int, merge_rows: int) -> None:
     rows = gen_rows(random.Random(seed), n)
-    got = roll(rows, batch)
+    got = roll(rows, batch, merge_rows)
     assert got.schema.equals(ROLLUP_SCHEMA)
     want = naive(rows, 10) | naive(rows, 60)
     assert close(as_dict(got), want)
