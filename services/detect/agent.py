@@ -148,10 +148,8 @@ def build_detect_app(
         """Feed a group of events to the detector; the records to publish."""
         core.sync_topology(feed)
         now = time.time_ns()
-        out = Emitted()
-        for i, ev in enumerate(events):
-            if i and i % 50 == 0:
-                await asyncio.sleep(0)  # let sends, fetches and the web page run
+        todo: list[tuple[str, int, int, bytes]] = []
+        for ev in events:
             m = ev.message
             tp = (m.topic, m.partition)
             nxt = state.next_offset.get(tp)
@@ -161,9 +159,13 @@ def build_detect_app(
             if nxt is not None and m.offset > nxt:
                 for g in await _fetch_between(conf, m.topic, m.partition, nxt, m.offset):
                     state.refetched += 1
-                    out.extend(core.route(m.topic, m.partition, g.offset(), g.value(), now))
-            out.extend(core.route(m.topic, m.partition, m.offset, m.value, now))
+                    todo.append((m.topic, m.partition, g.offset(), g.value()))
+            todo.append((m.topic, m.partition, m.offset, m.value))
             state.next_offset[tp] = m.offset + 1
+        # in a thread: a group's evaluation is one long Arrow call sequence, and the loop
+        # meanwhile serves fetches, sends, heartbeats and the web page
+        loop = asyncio.get_running_loop()
+        out = await loop.run_in_executor(None, core.route_group, todo, now)
         return core.messages(advanced(out, now))
 
     @app.agent(
@@ -221,15 +223,17 @@ def build_detect_app(
             while todo:
                 msgs: list[Any] = c.consume(500, 0.5)
                 now = time.time_ns()
+                got: list[tuple[str, int, int, bytes]] = []
                 for m in msgs:
                     tp = (m.topic(), m.partition())
                     if m.error() is not None or m.offset() >= todo.get(tp, -1):
                         continue
-                    core.route(tp[0], tp[1], m.offset(), m.value(), now)  # not published
-                    core.stats["warmup"] += 1
+                    got.append((tp[0], tp[1], m.offset(), m.value()))
                     if m.offset() >= todo[tp] - 1:
                         del todo[tp]
                         c.pause([TopicPartition(*tp)])  # read up to its committed offset
+                core.route_group(got, now)  # not published
+                core.stats["warmup"] += len(got)
                 if msgs:
                     last = time.monotonic()
                 else:

@@ -133,29 +133,54 @@ class DetectCore:
 
     def route(self, topic: str, partition: int, offset: int, value: bytes, now: int) -> Emitted:
         """Feed one input record to the detector; what it produced."""
-        self.stats["records"] += 1
-        if topic == self.topics.accounting:
-            doc = json.loads(value)
-            if doc.get("outcome") == "deadletter" or doc.get("quarantined_samples"):
-                n = 1 if doc.get("outcome") == "deadletter" else int(doc["quarantined_samples"])
-                self.detector.on_deadletters(n, now)
-            return Emitted()
+        return self.route_group([(topic, partition, offset, value)], now)
+
+    def route_group(self, records: Iterable[tuple[str, int, int, bytes]], now: int) -> Emitted:
+        """Feed input records ``(topic, partition, offset, value)``, in order; what they
+        produced. The refined batches among them are evaluated as one table: every rule
+        sorts its rows by series and time and the rollups and episodes group them, so one
+        pass over the concatenation does what one pass per batch did, at a fraction of the
+        fixed cost per call (about 40 Arrow kernel calls per batch)."""
+        out, tables = Emitted(), []
+        for topic, partition, offset, value in records:
+            self.stats["records"] += 1
+            if topic == self.topics.refined:
+                t = self._refined(partition, offset, value)
+                if t is not None:
+                    tables.append(t)
+            elif topic == self.topics.accounting:
+                doc = json.loads(value)
+                if doc.get("outcome") == "deadletter" or doc.get("quarantined_samples"):
+                    n = 1 if doc.get("outcome") == "deadletter" else int(doc["quarantined_samples"])
+                    self.detector.on_deadletters(n, now)
+            elif topic == self.topics.events:
+                out.extend(self.detector.on_events(pa.ipc.open_stream(value).read_all(), now))
+            else:
+                out.extend(self.detector.on_collectives(pa.ipc.open_stream(value).read_all(), now))
+        if tables:
+            one = (
+                tables[0]
+                if len(tables) == 1
+                else pa.concat_tables(tables, promote_options="permissive")
+            )
+            out.extend(self.detector.on_refined(one, now))
+        return out
+
+    def _refined(self, partition: int, offset: int, value: bytes) -> pa.Table | None:
+        """A refined record's table, or None when it has no rows or replays a raw position
+        already seen; advances the partition's position and newest ts either way."""
+        self._next[partition] = offset + 1
         table = pa.ipc.open_stream(value).read_all()
-        if topic == self.topics.refined:
-            self._next[partition] = offset + 1
-            if table.num_rows == 0:
-                return Emitted()
-            newest = int(pc.max(table.column("ts")).as_py())
-            self._latest[partition] = max(self._latest.get(partition, newest), newest)
-            part = int(table.column("raw_partition")[0].as_py())
-            off = int(table.column("raw_offset")[0].as_py())
-            if off <= self._raw_seen.get(part, -1):
-                return Emitted()  # a refiner replay of a position already seen
-            self._raw_seen[part] = off
-            return self.detector.on_refined(table, now)
-        if topic == self.topics.events:
-            return self.detector.on_events(table, now)
-        return self.detector.on_collectives(table, now)
+        if table.num_rows == 0:
+            return None
+        newest = int(pc.max(table.column("ts")).as_py())
+        self._latest[partition] = max(self._latest.get(partition, newest), newest)
+        part = int(table.column("raw_partition")[0].as_py())
+        off = int(table.column("raw_offset")[0].as_py())
+        if off <= self._raw_seen.get(part, -1):
+            return None  # a refiner replay of a position already seen
+        self._raw_seen[part] = off
+        return table
 
     def watermark(self, high: Callable[[int], int]) -> int | None:
         """:func:`low_watermark` of the assigned refined partitions; ``high(partition)``: its

@@ -89,16 +89,18 @@ class DetectService:
                 self.core.sync_topology(feed)
                 msgs: list[Any] = consumer.consume(500, 0.2)
                 now = time.time_ns()
+                warm: list[tuple[str, int, int, bytes]] = []  # read again, not published
+                live: list[tuple[str, int, int, bytes]] = []
                 for m in msgs:
                     if m.error() is not None:
                         continue
                     tp = (m.topic(), m.partition())
-                    out = self.core.route(tp[0], tp[1], m.offset(), m.value(), now)
                     pending[tp] = m.offset() + 1
-                    if m.offset() < self._emit_from.get(tp, 0):
-                        self.stats["warmup"] += 1
-                        continue
-                    self._publish(producer, out)
+                    rec = (tp[0], tp[1], m.offset(), m.value())
+                    (warm if m.offset() < self._emit_from.get(tp, 0) else live).append(rec)
+                self.stats["warmup"] += len(warm)
+                self.core.route_group(warm, now)  # a partition's warm-up precedes its live
+                self._publish(producer, self.core.route_group(live, now))
                 if msgs:
                     last_data = time.monotonic()
                 wm = self._watermark(consumer)
