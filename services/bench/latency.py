@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import threading
 import time
 from pathlib import Path
@@ -113,6 +114,17 @@ def _refined_freshness(k: BenchKafka, prefix: str) -> tuple[np.ndarray, np.ndarr
     return samples.astype(np.float64) / S, np.asarray(newest, np.float64) / S
 
 
+def _machine_busy_s() -> float | None:
+    """CPU seconds the whole machine has spent busy (all CPUs, /proc/stat); None off Linux."""
+    try:
+        first = Path("/proc/stat").read_text().split("\n", 1)[0].split()
+    except OSError:
+        return None
+    ticks = [int(x) for x in first[1:]]
+    idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)  # idle + iowait
+    return (sum(ticks[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
 def _alerts(k: BenchKafka, prefix: str) -> list[tuple[dict[str, Any], int]]:
     """Every alert record on the alerts topic with its LogAppendTime (ns)."""
     topic = prefix + "telemetry.alerts"
@@ -175,6 +187,11 @@ def bench_pipeline(
     k.say(f"  publishing {nodes} nodes (~{nodes * SAMPLES_PER_NODE_S:,} samples/s) for {seconds}s"
           f" at speed 1 with {faults}")  # fmt: skip
     sim = Simulation(Cluster.build(nodes), faults, duration_ns=seconds * S)
+    from services.bench.harness import process_cpu_s
+
+    procs = {"worker": worker, "detect": detect, "land": land}
+    cpu0 = {n: process_cpu_s(c.proc.pid) for n, c in procs.items()}
+    own0, wall0, box0 = time.process_time(), time.monotonic(), _machine_busy_s()
     with LakePoller(lake) as poller:
         rep = publish(sim, k.kafka, sim_topics(prefix), None, speed=1.0, progress_cb=None)
         raw = [
@@ -188,6 +205,15 @@ def bench_pipeline(
         k.wait("detect and land drain", lambda: k.lag(prefix + "detect", derived) == 0
                and k.lag(prefix + "land", derived[:1]) == 0, 180, kids)  # fmt: skip
         time.sleep(2 * poller.every_s + 1)
+    wall = time.monotonic() - wall0
+    cpu_share = {"bench (simulator, poller)": (time.process_time() - own0) / wall}
+    box1 = _machine_busy_s()
+    cpu_share["machine (all processes)"] = (
+        (box1 - box0) / wall if box0 is not None and box1 is not None else float("nan")
+    )
+    for n, c in procs.items():
+        a, b = cpu0[n], process_cpu_s(c.proc.pid)
+        cpu_share[n] = (b - a) / wall if a is not None and b is not None else float("nan")
     for c in kids:
         c.stop(30)
 
@@ -218,6 +244,8 @@ def bench_pipeline(
             "lake_files": len(poller.seen),
             "lake_poll_error": poller.error,
             "land_flush_max_age_s": 2.0,
+            "cpu_share_over_run": {n: round(v, 3) for n, v in cpu_share.items()},
+            "run_wall_s": round(wall, 1),
             "publish": rep.as_dict(),
         }
     )
