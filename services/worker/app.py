@@ -71,7 +71,7 @@ class WorkerConfig:
     # under backlog writes each stream's state once for several of its batches. It yields
     # to the event loop between chunks (heartbeats run in the consumer's own thread).
     take_max: int = 600
-    take_within_s: float = 0.25
+    take_within_s: float = 0.05
     refine_chunk: int = 100  # records refined in one call (one vectorized pass per wave)
     stall_after_s: float = 30.0
     refine: RefineSettings = field(default_factory=lambda: RefineSettings(seq_window=512))
