@@ -19,7 +19,7 @@ import pyarrow as pa
 
 from pipelines.clock import ClockEstimator, ClockSettings
 from pipelines.counters import STATE_SCHEMA, CounterState
-from pipelines.dedupe import OVERLAP_SCHEMA, OverlapState, SeqWindow
+from pipelines.dedupe import OVERLAP_SCHEMA, POINTS_SCHEMA, OverlapState, SeqWindow
 from schemas.codec import ipc_stream
 
 MAGIC = b"RST1"
@@ -137,9 +137,16 @@ class StreamState:
 
 
 def encode_overlap(state: OverlapState) -> bytes:
-    return _frame({}, [_ipc(state.table)])
+    """One Arrow part per source, its name in the meta: the source's key is not repeated on
+    every point (it was more than half of the bytes)."""
+    names = list(state.sources)
+    return _frame({"sources": names}, [_ipc(state.sources[s]) for s in names])
 
 
 def decode_overlap(blob: bytes) -> OverlapState:
-    _, parts = _unframe(blob)
-    return OverlapState(_read_ipc(parts[0]).cast(OVERLAP_SCHEMA))
+    meta, parts = _unframe(blob)
+    if "sources" not in meta:  # written as one table with a src column per point
+        return OverlapState(_read_ipc(parts[0]).cast(OVERLAP_SCHEMA))
+    return OverlapState(
+        {s: _read_ipc(p).cast(POINTS_SCHEMA) for s, p in zip(meta["sources"], parts, strict=True)}
+    )
