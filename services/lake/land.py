@@ -263,13 +263,8 @@ class LandingService:
         or a resend. Exact positions, not a high-water mark: a record resent after a later one
         of the same raw partition (a produce retry) still lands."""
         seen = self._lineage.setdefault(tp, {})
-        pairs = table.group_by(["raw_partition", "raw_offset"]).aggregate([])
         dup_pairs = []
-        for rp, off in zip(
-            pairs.column("raw_partition").to_pylist(),
-            pairs.column("raw_offset").to_pylist(),
-            strict=True,
-        ):
+        for rp, off in _positions(table):
             if rp is None or off is None:
                 continue
             landed = seen.setdefault(int(rp), _Landed())
@@ -307,3 +302,22 @@ class LandingService:
         self.seam.reach("after_commit")
         self._landed[tp] = pend.last
         self.stats.flushes += 1
+
+
+def _positions(table: pa.Table) -> list[tuple[int | None, int | None]]:
+    """The distinct raw positions (partition, offset) of a refined table's rows. A refined
+    record comes from one raw record, so one min/max pass per column usually settles it
+    without hashing every row."""
+    part, off = table.column("raw_partition"), table.column("raw_offset")
+    if part.null_count == 0 and off.null_count == 0:
+        p, o = pc.min_max(part), pc.min_max(off)
+        if p["min"] == p["max"] and o["min"] == o["max"]:
+            return [(p["min"].as_py(), o["min"].as_py())]
+    pairs = table.group_by(["raw_partition", "raw_offset"]).aggregate([])
+    return list(
+        zip(
+            pairs.column("raw_partition").to_pylist(),
+            pairs.column("raw_offset").to_pylist(),
+            strict=True,
+        )
+    )
