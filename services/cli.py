@@ -186,27 +186,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def keep_heap_pad(pad_bytes: int = 64 << 20) -> bool:
-    """glibc only: keep up to ``pad_bytes`` of freed heap instead of returning it to the OS at
-    once. Each output record (~100 KB of Arrow) is copied into librdkafka's own buffer and
-    freed by its thread after delivery; with the default the heap top was trimmed and faulted
-    in again on every record, and the copy cost 120-300 us per record instead of ~30 us
-    (measured). Returns whether the setting took."""
-    import ctypes
-    import ctypes.util
-
-    name = ctypes.util.find_library("c")
-    if not sys.platform.startswith("linux") or name is None:
-        return False
-    try:
-        libc = ctypes.CDLL(name)
-        return bool(libc.mallopt(-2, pad_bytes))  # M_TOP_PAD
-    except (OSError, AttributeError):
-        return False
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    keep_heap_pad()
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
