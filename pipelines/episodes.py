@@ -47,6 +47,7 @@ CONGESTION_THRESHOLDS: dict[str, float] = {
 }
 CONGESTION_METRICS = tuple(CONGESTION_THRESHOLDS)
 THROTTLE_METRIC = "gpu.clock_event_reasons"
+GPU_PEAK_METRICS = ["gpu.temp", "gpu.sm_clock", "gpu.power"]  # kept on throttling episodes
 THROTTLE_BITS = 0x4 | 0x8 | 0x20 | 0x40 | 0x80  # SW/HW power, HW slowdown, SW/HW thermal
 _THERMAL, _POWER = 0x20 | 0x40 | 0x8, 0x4 | 0x80
 _SEP = "\x1f"
@@ -165,6 +166,11 @@ class EpisodeTracker:
             out += self._close_quiet(until_ns, now_ns)
         return out
 
+    @property
+    def metrics(self) -> list[str]:
+        """Every metric :meth:`update` reads: a table holding only their rows does the same."""
+        return [*self.settings.thresholds, THROTTLE_METRIC, *GPU_PEAK_METRICS]
+
     def tick(self, now_ns: int) -> list[Episode]:
         """Close episodes quiet at ``now_ns`` (also when their ports stopped reporting)."""
         return self._close_quiet(now_ns, now_ns)
@@ -265,8 +271,8 @@ class EpisodeTracker:
         keys = [k for k, e in self.open.items() if e.kind == "throttling"]
         if not keys:
             return
-        sel = ["gpu.temp", "gpu.sm_clock", "gpu.power"]
-        t = refined.filter(pc.is_in(column(refined, "metric"), value_set=pa.array(sel)))
+        sel = pa.array(GPU_PEAK_METRICS)
+        t = refined.filter(pc.is_in(column(refined, "metric"), value_set=sel))
         if t.num_rows == 0:
             return
         key = pc.binary_join_element_wise(column(t, "node"), column(t, "device"), "/")

@@ -28,6 +28,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from pipelines._arrow import MetricRows
 from pipelines.alerts import RAW_TOPIC, AlertBook, lineage_of
 from pipelines.rule_config import (
     BitmaskRule,
@@ -116,20 +117,26 @@ class RuleEngine:
 
     # --- inputs --------------------------------------------------------------------------
 
-    def evaluate(self, refined: pa.Table, now_ns: int) -> list[Alert]:
+    def evaluate(
+        self, refined: pa.Table, now_ns: int, by_metric: MetricRows | None = None
+    ) -> list[Alert]:
         """State changes caused by one refined batch (REFINED_SCHEMA columns; extra
-        columns are ignored). ``now_ns``: the engine's clock, stamped as ``emitted_ns``."""
+        columns are ignored). ``now_ns``: the engine's clock, stamped as ``emitted_ns``.
+        ``by_metric``: ``refined`` by metric, when the caller has it already."""
         if refined.num_rows == 0:
             return []
+        by = by_metric if by_metric is not None else MetricRows(refined)
         out: list[Alert] = []
         for t in self._threshold:
             f = self._fields[t.name]
-            out += eval_threshold(t, f, refined, self.book, now_ns, self.raw_topic)
+            out += eval_threshold(t, f, by.of([t.metric]), self.book, now_ns, self.raw_topic)
         for b in self._bitmask:
-            out += eval_bitmask(b, self.catalog, refined, self.book, now_ns, self.raw_topic)
+            sub = by.of([b.metric])
+            out += eval_bitmask(b, self.catalog, sub, self.book, now_ns, self.raw_topic)
         for e in self._metric_events:
             last = self.last_values.setdefault(e.name, {})
-            out += eval_metric_events(e, refined, last, self.book, now_ns, self.raw_topic)
+            sub = by.of([e.metric]) if e.metric is not None else refined
+            out += eval_metric_events(e, sub, last, self.book, now_ns, self.raw_topic)
         if self._silent or self._frozen:
             rows = summarize_batches(refined)
             out += observe_sources(

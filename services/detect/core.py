@@ -158,11 +158,9 @@ class DetectCore:
             else:
                 out.extend(self.detector.on_collectives(pa.ipc.open_stream(value).read_all(), now))
         if tables:
-            one = (
-                tables[0]
-                if len(tables) == 1
-                else pa.concat_tables(tables, promote_options="permissive")
-            )
+            one = tables[0]
+            if len(tables) > 1:  # one chunk per column: a dozen rules read each column
+                one = pa.concat_tables(tables, promote_options="permissive").combine_chunks()
             out.extend(self.detector.on_refined(one, now))
         return out
 

@@ -21,6 +21,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pipelines._arrow import MetricRows
 from pipelines.episodes import EpisodeSettings, EpisodeTracker
 from pipelines.rollup import Rollup, RollupSettings
 from pipelines.rule_config import load_rules
@@ -76,8 +77,10 @@ class Detector:
 
     def on_refined(self, table: pa.Table, now_ns: int) -> Emitted:
         out = Emitted()
-        out.alerts += self.engine.evaluate(table, now_ns)
-        out.episodes += self.episodes.update(table, now_ns, until_ns=self.watermark)
+        rows = MetricRows(table) if table.num_rows else None
+        out.alerts += self.engine.evaluate(table, now_ns, rows)
+        sub = rows.of(self.episodes.metrics) if rows is not None else table
+        out.episodes += self.episodes.update(sub, now_ns, until_ns=self.watermark)
         rolled = self.rollup.update(table)
         if rolled.num_rows:
             out.rollups.append(rolled)
