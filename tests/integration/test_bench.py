@@ -55,6 +55,7 @@ FIGURES = {
         "straggler_with_cause_p99_s",
         "incidents",
         "incidents_without_alert",
+        "half_load_alert_p99_s",  # the freshness run's, next to the floor run's
     ],
     "alert_accuracy": ["precision", "recall"],
 }
