@@ -29,6 +29,7 @@ from __future__ import annotations
 import bisect
 from collections import OrderedDict, defaultdict
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
@@ -58,6 +59,16 @@ _NAMES = ENRICH_SCHEMA.names
 Row = dict[str, Any]
 
 OPEN = 2**63 - 1
+
+
+@dataclass(frozen=True)
+class _NodeView:
+    """A node's entities valid in one interval between its boundaries."""
+
+    valid: bool  # any of the node's entities is valid then
+    rack: str | None
+    pod: str | None
+    by_kind: dict[EntityKind, dict[str, TopologyEntity]]  # kind → device → first entity
 
 
 def _valid(e: TopologyEntity, t: int) -> bool:
@@ -111,60 +122,78 @@ class TopologyIndex:
         self._cache: OrderedDict[tuple[str, int], tuple[dict[str, Row], pa.Table]] = OrderedDict()
         self._cache_size = cache_size
         self._last: dict[tuple[str, int], tuple[int, Array, pa.Table]] = {}  # (node, rows)
-        self._spines: dict[tuple[str, int], str | None] = {}  # (leaf, fabric version) → spine
+        self._spines: dict[int, dict[str, str]] = {}  # fabric version → leaf → spine
+        self._views: dict[tuple[str, int], _NodeView] = {}  # (node, interval) → its entities
         self.resolutions = 0  # (node, interval, device) resolutions done: cache misses
 
     # --- per-row resolution (cached; runs once per node, interval, device) -----------------
+
+    def _view(self, node: str, t: int) -> _NodeView | None:
+        """The node's entities valid at ``t`` (None: the topology has no such node), built
+        once per interval between the node's boundaries and shared by all its devices."""
+        ents = self._by_node.get(node)
+        if not ents:
+            return None
+        key = (node, bisect.bisect_right(self._bounds.get(node, self._fabric_bounds), t))
+        view = self._views.get(key)
+        if view is None:
+            valid = sorted((e for e in ents if _valid(e, t)), key=lambda e: (e.device or "", e.id))
+            rack = pod = None
+            by_kind: dict[EntityKind, dict[str, TopologyEntity]] = defaultdict(dict)
+            for e in valid:
+                if e.kind is EntityKind.NODE:
+                    rack, pod = rack or e.rack, pod or e.pod
+                elif e.device is not None:
+                    by_kind[e.kind].setdefault(e.device, e)
+            view = _NodeView(bool(valid), rack, pod, by_kind)
+            if len(self._views) >= 4 * self._cache_size:
+                self._views.clear()
+            self._views[key] = view
+        return view
 
     def resolve(self, node: str, device: str, t: int) -> Row:
         """The enrichment of one (node, device) at time ``t`` as a dict of ENRICH_SCHEMA."""
         row: Row = dict.fromkeys(_NAMES)
         reasons: list[EnrichReason] = []
         kind, base, port = classify_device(device)
-        ents = self._by_node.get(node)
-        valid = [e for e in ents if _valid(e, t)] if ents else []
-        if not ents:
-            reasons.append(EnrichReason.NO_TOPOLOGY_FOR_NODE)
-        elif not valid:
-            reasons.append(EnrichReason.NO_TOPOLOGY_AT_TIME)
-        by_kind: dict[EntityKind, dict[str, TopologyEntity]] = defaultdict(dict)
-        for e in sorted(valid, key=lambda e: (e.device or "", e.id)):
-            if e.kind is EntityKind.NODE:
-                row["rack"] = row["rack"] or e.rack
-                row["pod"] = row["pod"] or e.pod
-            elif e.device is not None:
-                by_kind[e.kind].setdefault(e.device, e)
+        view = self._view(node, t)
         affine_gpu: str | None = None
-        if kind == "other":
-            if valid:
+        if view is None:
+            reasons.append(EnrichReason.NO_TOPOLOGY_FOR_NODE)
+        elif not view.valid:
+            reasons.append(EnrichReason.NO_TOPOLOGY_AT_TIME)
+        else:
+            row["rack"], row["pod"] = view.rack, view.pod
+            if kind == "other":
                 reasons.append(EnrichReason.NOT_A_FABRIC_DEVICE)
-        elif valid:
-            if kind == "gpu":
-                g = by_kind[EntityKind.GPU].get(base)
-                nic = g.nic if g else None
-                affine_gpu = base if g else None
             else:
-                g = None
-                nic = base if base in by_kind[EntityKind.NIC] else None
-            if nic is None:
-                reasons.append(EnrichReason.NO_DEVICE_MAPPING)
-            else:
-                n_ent = by_kind[EntityKind.NIC].get(nic)
-                row["nic"] = nic
-                if n_ent is not None:
-                    row["rail"], row["numa"] = n_ent.rail, n_ent.numa
-                    if kind == "nic":
-                        affine_gpu = n_ent.gpu
-                link = self._link(by_kind[EntityKind.LINK], nic, port)
-                if link is not None:
-                    row["leaf"], row["leaf_port"] = link.switch, link.switch_port
-                    row["spine"] = self._spine(link.switch, t)
-            if g is not None:
-                row["numa"] = g.numa if g.numa is not None else row["numa"]
-            gpu_ent = by_kind[EntityKind.GPU].get(affine_gpu) if affine_gpu else None
-            row["gpu"] = affine_gpu
-            if gpu_ent is not None:
-                row["nvlink_domain"] = gpu_ent.nvlink_domain
+                by_kind = view.by_kind
+                if kind == "gpu":
+                    g = by_kind[EntityKind.GPU].get(base)
+                    nic = g.nic if g else None
+                    affine_gpu = base if g else None
+                else:
+                    g = None
+                    nic = base if base in by_kind[EntityKind.NIC] else None
+                if nic is None:
+                    reasons.append(EnrichReason.NO_DEVICE_MAPPING)
+                else:
+                    n_ent = by_kind[EntityKind.NIC].get(nic)
+                    row["nic"] = nic
+                    if n_ent is not None:
+                        row["rail"], row["numa"] = n_ent.rail, n_ent.numa
+                        if kind == "nic":
+                            affine_gpu = n_ent.gpu
+                    link = self._link(by_kind[EntityKind.LINK], nic, port)
+                    if link is not None:
+                        row["leaf"], row["leaf_port"] = link.switch, link.switch_port
+                        row["spine"] = self._spine(link.switch, t)
+                if g is not None:
+                    row["numa"] = g.numa if g.numa is not None else row["numa"]
+                gpu_ent = by_kind[EntityKind.GPU].get(affine_gpu) if affine_gpu else None
+                row["gpu"] = affine_gpu
+                if gpu_ent is not None:
+                    row["nvlink_domain"] = gpu_ent.nvlink_domain
         self._job(row, node, affine_gpu, t)
         if row["job"] is None:
             reasons.append(EnrichReason.NO_JOB)
@@ -183,23 +212,27 @@ class TopologyIndex:
         return None
 
     def _spine(self, leaf: str | None, t: int) -> str | None:
+        """The leaf's spine at ``t``: the peer of the first switch entity naming the leaf (by
+        id or device), else the lowest-named peer of the leaf's switch links."""
         if leaf is None:
             return None
-        key = (leaf, bisect.bisect_right(self._fabric_bounds, t))  # fabric version at t
-        if key not in self._spines:
-            self._spines[key] = self._find_spine(leaf, t)
-        return self._spines[key]
-
-    def _find_spine(self, leaf: str, t: int) -> str | None:
-        peers = []
-        for e in self._fabric:
-            if not _valid(e, t):
-                continue
-            if e.kind is EntityKind.SWITCH and leaf in (e.id, e.device) and e.peer:
-                return e.peer
-            if e.kind is EntityKind.LINK and e.switch == leaf and e.peer:
-                peers.append(e.peer)
-        return min(peers) if peers else None
+        version = bisect.bisect_right(self._fabric_bounds, t)
+        spines = self._spines.get(version)
+        if spines is None:  # one pass over the fabric per version, not one per leaf
+            by_switch: dict[str, str] = {}
+            by_link: dict[str, str] = {}
+            for e in self._fabric:
+                if not e.peer or not _valid(e, t):
+                    continue
+                if e.kind is EntityKind.SWITCH:
+                    for name in (e.id, e.device):
+                        if name is not None:
+                            by_switch.setdefault(name, e.peer)
+                elif e.kind is EntityKind.LINK and e.switch is not None:
+                    have = by_link.get(e.switch)
+                    by_link[e.switch] = e.peer if have is None else min(have, e.peer)
+            spines = self._spines[version] = {**by_link, **by_switch}
+        return spines.get(leaf)
 
     def _job(self, row: Row, node: str, gpu: str | None, t: int) -> None:
         holder = None

@@ -244,6 +244,10 @@ def build_app(
         events: list[Any], proc: Refiner, stream_table: Any, node_table: Any | None
     ) -> None:
         progress.last_group_started = time.monotonic()
+        if not progress.groups and not feed.wait_caught_up(0):
+            # the first group waits for the topology and jobs to be read whole: no sample is
+            # enriched against a half-loaded view (and no join index rebuilt for each part)
+            await asyncio.get_running_loop().run_in_executor(None, feed.wait_caught_up, 60)
         now = time.time_ns()
         last_for: dict[str, Any] = {}
         outputs: OutputProducer = app.refinery_outputs  # type: ignore[attr-defined]

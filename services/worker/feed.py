@@ -6,7 +6,7 @@ wait_caught_up` blocks until the end offsets seen at start have been read, so no
 enriched against a half-loaded topology. :meth:`snapshot` returns the current entity and job
 lists plus a version number that changes whenever either changed (a record republished
 unchanged does not count), so the caller rebuilds its join index only then; :attr:`version`
-reads the number alone.
+reads the number alone. During the first load the version moves once, when it is caught up.
 
 A record that does not parse is logged, counted in ``stats['bad']`` and skipped; a tombstone
 (null value) deletes its key.
@@ -90,23 +90,29 @@ class TopologyFeed:
                 lo, hi = c.get_watermark_offsets(tp, timeout=10)
                 if hi > lo:
                     pending.add((tp.topic, tp.partition))
-            if not pending:
+            caught = not pending
+            if caught:
                 self._caught_up.set()
+            changed = False  # applied since the version last moved
             while not self._stop.is_set():
                 msgs = c.consume(500, 0.2)
-                changed = False
                 for m in msgs:
                     err = m.error()
                     if err is not None:
                         if err.code() == KafkaError._PARTITION_EOF:
                             pending.discard((m.topic(), m.partition()))
-                            if not pending:
-                                self._caught_up.set()
+                            caught = caught or not pending
                         continue
                     changed |= self._apply(m.topic(), m.key(), m.value())
-                if changed:
+                # while the first load runs the version stands still: a reader waiting for it
+                # would otherwise rebuild its join index for every half-loaded view; it moves
+                # before waiters are released, so they see the whole load at once
+                if changed and caught:
                     with self._lock:
                         self._version += 1
+                    changed = False
+                if caught and not self._caught_up.is_set():
+                    self._caught_up.set()
             c.close()
         except BaseException as e:  # surfaced to the worker, which crashes on it
             log.exception("topology feed failed")

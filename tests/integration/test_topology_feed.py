@@ -56,3 +56,31 @@ def test_feed_versions_only_on_change(
         assert {e.id: e.rack for e in got}["n0"] == "r9"
     finally:
         feed.stop()
+
+
+def test_first_load_moves_the_version_once(
+    kafka_conf: dict[str, object], unique_topic: Callable[..., str]
+) -> None:
+    """A topology larger than one read (500 records) is loaded whole before the version
+    moves: a reader never rebuilds its join index for a half-loaded view."""
+    topo, jobs = unique_topic("topology"), unique_topic("jobs")
+    ents = [
+        TopologyEntity(id=f"n{i}", kind=EntityKind.NODE, node=f"n{i}", rack=f"r{i % 7}")
+        for i in range(3000)
+    ]
+    _publish(kafka_conf, topo, ents)
+    feed = TopologyFeed(dict(kafka_conf), topo, jobs)
+    seen: dict[int, int] = {}  # version -> entities in its snapshot
+    feed.start()
+    try:
+        while not feed.wait_caught_up(0.001):
+            version, got, _ = feed.snapshot()
+            seen.setdefault(version, len(got))
+        assert feed.error is None
+        version, got, _ = feed.snapshot()
+        seen.setdefault(version, len(got))
+        assert version == 1
+        assert seen[1] == 3000
+        assert set(seen) <= {0, 1}
+    finally:
+        feed.stop()
