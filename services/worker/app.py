@@ -9,7 +9,8 @@ Agents, each a thin shim over :class:`services.worker.refiner.Refiner`:
   telemetry.collectives.aligned, same contract; state in ``align-streams``.
 
 Per group of records (``noack_take``): process each, publish the outputs and wait for their
-acknowledgements, write the changed state to the tables and flush the producer — only then
+acknowledgements, write the changed state to the tables and wait for its changelog records
+to be acknowledged too (sent by the same librdkafka producer as the outputs) — only then
 are the records acked, so Faust may commit their offsets; a group that failed is never
 acked. So a crash anywhere replays records whose outputs were either never published
 (recomputed identically from the older state) or already published and remembered in the
@@ -251,7 +252,6 @@ def build_app(
         now = time.time_ns()
         last_for: dict[str, Any] = {}
         outputs: OutputProducer = app.refinery_outputs  # type: ignore[attr-defined]
-        await track_topics(app, ())  # the table changelogs, which the app's producer sends
         sent: list[Delivery] = []
         with telemetry.span("refine.group", {"records": len(events)}):
             for lo in range(0, len(events), cfg.refine_chunk):
@@ -268,12 +268,11 @@ def build_app(
                 await asyncio.sleep(0)  # let heartbeats and fetches run
             await outputs.wait(sent)  # outputs acknowledged first
             streams, nodes = proc.dirty_blobs()
-            for key, blob in streams.items():
-                _put(stream_table, last_for[key], key, blob)
+            changelog = [_put(stream_table, last_for[k], k, b) for k, b in streams.items()]
             if node_table is not None:
-                for node, blob in nodes.items():
-                    _put(node_table, last_for["node:" + node], node, blob)
-            await app.producer.flush()  # then the state; run_groups acks the group after
+                changelog += [_put(node_table, last_for["node:" + n], n, b)
+                              for n, b in nodes.items()]  # fmt: skip
+            await outputs.publish(changelog)  # then the state; run_groups acks the group after
         progress.groups += 1
         progress.records += len(events)
         progress.last_group_done = time.monotonic()
@@ -423,14 +422,17 @@ async def manual_acks(stream: Any, take_max: int, within_s: float) -> AsyncItera
         stream.enable_acks = False  # ... and nothing this process did not refine is acked
 
 
-def _put(table: Any, event: Any, key: str, blob: bytes) -> None:
-    """Set a table key with its changelog record on the partition of the record that changed
-    it (the table is co-partitioned with its input topic). Done explicitly instead of
-    ``table[key] = blob`` because the group's records come from several partitions and the
-    stream's current event is only the last one."""
+def _put(table: Any, event: Any, key: str, blob: bytes) -> OutMessage:
+    """Set a table key and return its changelog record, on the partition of the input record
+    that changed it (the table is co-partitioned with its input topic), for the output
+    producer to send: the record Faust's ``table[key] = blob`` would send (raw key and value,
+    no headers), built here because the group's records come from several partitions and the
+    stream's current event is only the last one, and sent by librdkafka instead of the app's
+    aiokafka producer. Faust's recovery reads it back as its own."""
     k = key.encode()
     table.data[k] = blob
-    table.send_changelog(event.message.partition, k, blob)
+    topic = table.changelog_topic.get_topic_name()
+    return OutMessage(topic, k, blob, partition=event.message.partition)
 
 
 def _raw_record(m: Any) -> RawRecord:

@@ -15,8 +15,10 @@ replays them. Keys go to partitions with murmur2, as the Java client and aiokafk
 node's records land on the same partition as before and as every other Kafka client puts
 them.
 
-The Faust tables' changelogs still go through the app's producer: the worker acknowledges a
-group's outputs first and writes its state after, so the two producers never race.
+The worker's Faust tables' changelog records go through it too (explicit partition, the
+partition of the input record that changed the key), after the group's outputs are
+acknowledged: aiokafka would build the batches of megabytes of state per group in Python on
+the refining thread.
 """
 
 from __future__ import annotations
@@ -97,9 +99,15 @@ class OutputProducer:
             headers: list[tuple[str, str | bytes | None]] = list(m.headers)
             while True:
                 try:
-                    self._producer.produce(
-                        m.topic, m.value, m.key, headers=headers, on_delivery=d.delivered
-                    )
+                    if m.partition is None:
+                        self._producer.produce(
+                            m.topic, m.value, m.key, headers=headers, on_delivery=d.delivered
+                        )
+                    else:
+                        self._producer.produce(
+                            m.topic, m.value, m.key, m.partition,
+                            headers=headers, on_delivery=d.delivered,
+                        )  # fmt: skip
                     break
                 except BufferError:  # the local queue is full: let deliveries drain it
                     await asyncio.get_running_loop().run_in_executor(

@@ -63,6 +63,7 @@ class OutMessage:
     key: bytes
     value: bytes | pa.Buffer  # an Arrow value stays in its buffer (see schemas.codec.ipc_stream)
     headers: list[tuple[str, bytes]] = field(default_factory=list)
+    partition: int | None = None  # None: the key's partition (murmur2)
 
 
 @dataclass(frozen=True)
