@@ -13,8 +13,10 @@ from __future__ import annotations
 import json
 import struct
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from pipelines.clock import ClockEstimator, ClockSettings
@@ -77,13 +79,15 @@ class StreamState:
         seq_table = SEQ_SCHEMA.empty_table()
         seq_meta: dict[str, int] | None = None
         if self.seqs is not None:
-            items = list(self.seqs.positions.items())
-            seq_table = pa.table(
-                {
-                    "seq": [s for s, _ in items],
-                    "partition": [p for _, (p, _) in items],
-                    "offset": [o for _, (_, o) in items],
-                },
+            pos = self.seqs.positions  # a full window is 512 entries: no Python list per column
+            n = len(pos)
+            where = np.fromiter(chain.from_iterable(pos.values()), np.int64, 2 * n).reshape(n, 2)
+            seq_table = pa.Table.from_arrays(
+                [
+                    pa.array(np.fromiter(pos.keys(), np.int64, n)),
+                    pa.array(where[:, 0].astype(np.int32)),
+                    pa.array(np.ascontiguousarray(where[:, 1])),
+                ],
                 schema=SEQ_SCHEMA,
             )
             seq_meta = {"window": self.seqs.window, "hwm": self.seqs.hwm}
