@@ -80,6 +80,12 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--only", metavar="NAME,...", help=f"run only these benchmarks ({', '.join(BENCHMARKS)})"
     )
+    p.add_argument(
+        "--keep-topics",
+        action="store_true",
+        help="with REFINERY_BOOTSTRAP_SERVERS: keep the run's topics and consumer groups "
+        "(deleted at the end by default; the local broker is always removed whole)",
+    )
     p.set_defaults(handler=run)
 
 
@@ -110,6 +116,7 @@ def run(args: argparse.Namespace, settings: RefinerySettings) -> int:
     with tempfile.TemporaryDirectory(prefix="refinery-bench-") as tmp:
         work = Path(tmp)
         kafka: KafkaSettings | None = None
+        k: BenchKafka | None = None
         broker_version = "not used"
         try:
             if NEEDS_KAFKA & set(names):
@@ -151,6 +158,13 @@ def run(args: argparse.Namespace, settings: RefinerySettings) -> int:
         finally:
             if broker is not None:
                 broker.stop()
+            elif k is not None and not args.keep_topics:
+                try:
+                    topics, groups = k.delete_created()
+                    _say(f"bench: deleted this run's {topics} topics and {groups} groups")
+                except Exception as e:  # the figures stand; say what is left behind
+                    _say(f"bench: could not delete this run's topics ({e}); their prefixes: "
+                         f"{', '.join(k.prefixes)}")  # fmt: skip
     ordered = [results[n] for n in names if n in results]
     doc = {**facts, "benchmarks": {r.name: r.as_dict() for r in ordered}}
     print(_header(facts))

@@ -36,6 +36,7 @@ class BenchKafka:
     workdir: Path
     say: Say
     children: list[Child] = field(default_factory=list)
+    prefixes: list[str] = field(default_factory=list)  # of the topics this run created
 
     @property
     def conf(self) -> dict[str, Any]:
@@ -58,8 +59,36 @@ class BenchKafka:
                 cfg = {**s.config, "message.timestamp.type": "CreateTime"}
                 s = s.model_copy(update={"config": cfg})
             specs.append(s)
+        self.prefixes.append(prefix)
         apply_topics(self.conf, specs)
         return prefix
+
+    def delete_created(self, timeout: float = 60.0) -> tuple[int, int]:
+        """Delete every topic and consumer group named under a prefix of this run (the
+        services' own, such as Faust's changelogs and groups, included); returns how many of
+        each. For a cluster the run does not own: benchmark topics hold gigabytes."""
+        from confluent_kafka import KafkaException
+        from confluent_kafka.admin import AdminClient
+
+        if not self.prefixes:
+            return 0, 0
+        admin = AdminClient({**self.conf, "log_level": 3})
+        mine = tuple(self.prefixes)
+        topics = [t for t in admin.list_topics(timeout=timeout).topics if t.startswith(mine)]
+        if topics:
+            for f in admin.delete_topics(topics, operation_timeout=timeout).values():
+                f.result()
+        listed = admin.list_consumer_groups(request_timeout=timeout).result()
+        groups = [g.group_id for g in listed.valid if g.group_id.startswith(mine)]
+        deleted = 0
+        if groups:
+            for f in admin.delete_consumer_groups(groups, request_timeout=timeout).values():
+                try:
+                    f.result()
+                    deleted += 1
+                except KafkaException:  # members not gone yet: it expires on its own
+                    pass
+        return len(topics), deleted
 
     def env(self, lake: Path | None = None) -> dict[str, str]:
         env = {

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from confluent_kafka.admin import AdminClient
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
@@ -93,3 +94,10 @@ def test_bench_smoke_reports_every_figure(kafka_bootstrap: str, tmp_path: Path) 
         assert f"bench: {bench}" in p.stderr
     # the results table is on stdout, one row per figure
     assert "| worker_throughput | worker_to_ceiling_ratio |" in p.stdout
+    # on a cluster it does not own, the run deletes the topics it created (Faust's included)
+    raw = benches["worker_throughput"]["details"]["publish"]["topics"]["raw"]
+    prefix = raw.removesuffix("telemetry.raw")
+    assert prefix.startswith("bench") and prefix != raw
+    assert "bench: deleted this run's" in p.stderr
+    left = AdminClient({"bootstrap.servers": kafka_bootstrap}).list_topics(timeout=30).topics
+    assert not [t for t in left if t.startswith(prefix)]
