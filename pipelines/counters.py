@@ -146,7 +146,6 @@ def derive_rates_group(
             "pos": ci,
             "g": pa.array(g),
             "sid": pa.array(sid),
-            "key": key,
             "ts": pc.take(ts, ci),
             "src": pc.take(column(table, "ts_ns"), ci),
             "raw": pc.take(raw_all, ci),
@@ -171,9 +170,9 @@ def derive_rates_group(
     st_ts = pc.take(column(st, "ts"), sidx)
     st_src = pc.take(column(st, "src"), sidx)
     boots = pa.array([p.boot_id for p in parts], pa.string())
-    same_boot = true_mask(
-        pc.equal(pc.take(column(st, "boot"), sidx), pc.take(boots, column(s, "sid")))
-    )
+    # the boot comparison once per state series (a row of the batch takes its series' answer)
+    st_same = pc.equal(column(st, "boot"), pc.take(boots, pa.array(st_sid)))
+    same_boot = true_mask(pc.take(st_same, sidx))
     # out of order: not after the last accepted reading on the source's clock *and* on the
     # common one (either alone moves when a clock is stepped or its estimate is revised)
     behind = pc.and_(true_mask(pc.less_equal(ss, st_src)), true_mask(pc.less_equal(tt, st_ts)))
@@ -207,9 +206,12 @@ def derive_rates_group(
     is_last = pc.invert(true_mask(pc.equal(gu, nxt(gu))))
     last = s.filter(is_last)
     upd_sid = column(last, "sid")
+    # the key strings of the updated series from the batch's dictionary: the rows moved
+    # integer codes through the sort, not strings
+    codes = pa.array(column(last, "g").to_numpy() % _SID)
     upd = pa.table(
         {
-            "key": column(last, "key"),
+            "key": pc.take(names, codes),
             "raw": column(last, "raw"),
             "ts": column(last, "ts"),
             "boot": pc.take(boots, upd_sid),
