@@ -20,6 +20,21 @@ def _publish(conf: dict[str, object], topic: str, entities: list[TopologyEntity]
     assert p.flush(30) == 0
 
 
+def _nodes(n: int, racks: int = 7) -> list[TopologyEntity]:
+    return [
+        TopologyEntity(id=f"n{i}", kind=EntityKind.NODE, node=f"n{i}", rack=f"r{i % racks}")
+        for i in range(n)
+    ]
+
+
+def _feed_over(
+    conf: dict[str, object], topo: str, jobs: str, ents: list[TopologyEntity]
+) -> TopologyFeed:
+    """A feed (not started) over ``ents`` published to ``topo``."""
+    _publish(conf, topo, ents)
+    return TopologyFeed(dict(conf), topo, jobs)
+
+
 def _wait(cond: Callable[[], bool], timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while not cond():
@@ -30,13 +45,9 @@ def _wait(cond: Callable[[], bool], timeout: float = 30.0) -> None:
 def test_feed_versions_only_on_change(
     kafka_conf: dict[str, object], unique_topic: Callable[..., str]
 ) -> None:
-    topo, jobs = unique_topic("topology"), unique_topic("jobs")
-    ents = [
-        TopologyEntity(id=f"n{i}", kind=EntityKind.NODE, node=f"n{i}", rack=f"r{i % 2}")
-        for i in range(5)
-    ]
-    _publish(kafka_conf, topo, ents)
-    feed = TopologyFeed(dict(kafka_conf), topo, jobs)
+    topo = unique_topic("topology")
+    ents = _nodes(5, racks=2)
+    feed = _feed_over(kafka_conf, topo, unique_topic("jobs"), ents)
     feed.start()
     try:
         assert feed.wait_caught_up(30)
@@ -63,13 +74,7 @@ def test_first_load_moves_the_version_once(
 ) -> None:
     """A topology larger than one read (500 records) is loaded whole before the version
     moves: a reader never rebuilds its join index for a half-loaded view."""
-    topo, jobs = unique_topic("topology"), unique_topic("jobs")
-    ents = [
-        TopologyEntity(id=f"n{i}", kind=EntityKind.NODE, node=f"n{i}", rack=f"r{i % 7}")
-        for i in range(3000)
-    ]
-    _publish(kafka_conf, topo, ents)
-    feed = TopologyFeed(dict(kafka_conf), topo, jobs)
+    feed = _feed_over(kafka_conf, unique_topic("topology"), unique_topic("jobs"), _nodes(3000))
     seen: dict[int, int] = {}  # version -> entities in its snapshot
     feed.start()
     try:
