@@ -33,6 +33,8 @@ from confluent_kafka import KafkaError, Message, Producer
 from services.settings import KafkaSettings
 from services.worker.refiner import OutMessage
 
+_KEYED = -1  # librdkafka's RD_KAFKA_PARTITION_UA, produce()'s default: the partitioner picks
+
 
 class OutputError(RuntimeError):
     """Outputs the broker did not acknowledge: the group they belong to must not be acked."""
@@ -99,15 +101,10 @@ class OutputProducer:
             headers: list[tuple[str, str | bytes | None]] = list(m.headers)
             while True:
                 try:
-                    if m.partition is None:
-                        self._producer.produce(
-                            m.topic, m.value, m.key, headers=headers, on_delivery=d.delivered
-                        )
-                    else:
-                        self._producer.produce(
-                            m.topic, m.value, m.key, m.partition,
-                            headers=headers, on_delivery=d.delivered,
-                        )  # fmt: skip
+                    part = _KEYED if m.partition is None else m.partition
+                    self._producer.produce(
+                        m.topic, m.value, m.key, part, headers=headers, on_delivery=d.delivered
+                    )
                     break
                 except BufferError:  # the local queue is full: let deliveries drain it
                     await asyncio.get_running_loop().run_in_executor(
