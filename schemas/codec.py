@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -54,9 +54,33 @@ MAX_DECODED_BYTES = 64 * 1024 * 1024
 MAX_ROWS = 200_000
 MAX_STRING_BYTES = 16 * 1024  # any one string value (device, text, message, attrs, ...)
 
+_V = TypeVar("_V")
+
 
 _EOS = b"\xff\xff\xff\xff\x00\x00\x00\x00"  # IPC end-of-stream marker
-_SCHEMA_MESSAGES: dict[pa.Schema, pa.Buffer] = {}
+
+
+class _BySchema(Generic[_V]):
+    """A small cache keyed by Arrow schema. Found by ``Schema.equals`` (metadata included),
+    not by hashing: ``hash()`` of a schema is recomputed on every call (~23 µs for the 35
+    refined fields, paid once per record), ``equals`` of the same schema costs ~0.2 µs."""
+
+    def __init__(self, size: int = 64) -> None:
+        self._items: list[tuple[pa.Schema, _V]] = []
+        self._size = size
+
+    def get(self, schema: pa.Schema) -> _V | None:
+        for have, value in self._items:
+            if have.equals(schema, check_metadata=True):
+                return value
+        return None
+
+    def put(self, schema: pa.Schema, value: _V) -> None:
+        if len(self._items) < self._size:
+            self._items.append((schema, value))
+
+
+_SCHEMA_MESSAGES: _BySchema[pa.Buffer] = _BySchema()
 
 
 def ipc_stream(table: pa.Table) -> pa.Buffer:
@@ -66,8 +90,7 @@ def ipc_stream(table: pa.Table) -> pa.Buffer:
     head = _SCHEMA_MESSAGES.get(table.schema)
     if head is None:
         head = table.schema.serialize()
-        if len(_SCHEMA_MESSAGES) < 64:
-            _SCHEMA_MESSAGES[table.schema] = head
+        _SCHEMA_MESSAGES.put(table.schema, head)
     sink = pa.BufferOutputStream()
     sink.write(head)
     for b in table.to_batches():
@@ -148,7 +171,7 @@ def _envelope(doc: Any) -> Envelope:
         raise RejectedInput(Reason.BAD_ENVELOPE, f"{loc}: {err['msg']}") from e
 
 
-_PLANS: dict[pa.Schema, list[tuple[str, Any, bool, bool]]] = {}
+_PLANS: _BySchema[list[tuple[str, Any, bool, bool]]] = _BySchema()
 
 
 def _plan(schema: pa.Schema) -> list[tuple[str, Any, bool, bool]]:
@@ -156,8 +179,7 @@ def _plan(schema: pa.Schema) -> list[tuple[str, Any, bool, bool]]:
     plan = _PLANS.get(schema)
     if plan is None:
         plan = [(f.name, f.type, f.nullable, pa.types.is_string(f.type)) for f in schema]
-        if len(_PLANS) < 64:
-            _PLANS[schema] = plan
+        _PLANS.put(schema, plan)
     return plan
 
 
