@@ -78,6 +78,11 @@ class RefineResult:
     quarantined: int
     clock: ClockEstimate | None
     clock_alert: bool
+    # the refined rows of the whole wave this batch was refined in, and where its own start:
+    # ``refined`` is ``wave_rows.slice(wave_start, refined_count)``. The batches of one node
+    # in a wave are adjacent there, so a consumer can publish them as one slice.
+    wave_rows: pa.Table | None = None
+    wave_start: int = 0
 
     def header(self, raw_topic: str, batch: Batch, position: Position) -> RefinedHeader:
         src = batch.envelope.source
@@ -198,6 +203,14 @@ def _refine_wave(
         live.append(_Live(i, item, seq_outcome, est))
     if not live:
         return [r for r in out if r is not None]
+    # a node's batches next to each other, each node's in wave order: its rows then form one
+    # run of the refined table. Every step is per stream or per node in order, so the results
+    # are those of the wave's own order.
+    first: dict[str, int] = {}
+    for x in live:
+        first.setdefault(x.item.batch.envelope.source.node, len(first))
+    if len(first) > 1:
+        live.sort(key=lambda x: first[x.item.batch.envelope.source.node])
 
     # validate every row of the wave in one pass, then hand each batch its rows back
     sizes = [x.item.batch.table.num_rows for x in live]
@@ -330,6 +343,8 @@ def _refine_wave(
             quarantined=quarantined,
             clock=x.clock,
             clock_alert=x.clock.alert(settings.clock_alert_ns),
+            wave_rows=refined,
+            wave_start=int(rstart[j]),
         )
     return [r for r in out if r is not None]
 

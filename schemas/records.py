@@ -4,7 +4,8 @@ topology entities and job placements (versioned), alerts and episodes.
 Topic → record type, one each:
 
 =====================  ============================================================
-telemetry.refined      Arrow IPC of :data:`REFINED_SCHEMA` + :class:`RefinedHeader`
+telemetry.refined      Arrow IPC of :data:`REFINED_SCHEMA`, header ``lineage``: a JSON list of
+                       :class:`RefinedHeader`, one per raw record whose rows it holds
 telemetry.deadletter   JSON :class:`DeadLetter`
 topology               JSON :class:`TopologyEntity` (key: entity id, compacted)
 jobs                   JSON :class:`JobPlacement` (key: job id, compacted)
@@ -16,6 +17,7 @@ telemetry.rollups      Arrow IPC of :data:`ROLLUP_SCHEMA`
 
 from __future__ import annotations
 
+import json
 from enum import StrEnum
 from typing import Any
 
@@ -81,7 +83,9 @@ class EnrichReason(StrEnum):
 
 
 class RefinedHeader(BaseModel):
-    """Kafka headers / schema metadata of a refined batch: where it came from."""
+    """Where the rows of one raw record in a refined message came from. A refined message
+    holds the rows of one node's raw records refined together (one or several, in raw order)
+    and its ``lineage`` header lists one of these per record (:func:`refined_lineage`)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -98,6 +102,24 @@ class RefinedHeader(BaseModel):
     duplicate_samples: int = Field(ge=0)
     quarantined_samples: int = Field(ge=0)
     outcome: str  # refined | duplicate
+
+
+def lineage_header(entries: list[dict[str, Any]]) -> bytes:
+    """The ``lineage`` header value of a refined message: its records' :class:`RefinedHeader`
+    fields, in order."""
+    return json.dumps(entries, separators=(",", ":")).encode()
+
+
+def refined_lineage(headers: Any) -> list[dict[str, Any]]:
+    """The :class:`RefinedHeader` fields of each raw record in a refined message, from its
+    Kafka headers (a list of pairs or a dict); ``[]`` without a ``lineage`` header. A single
+    object (one record per message, as earlier workers wrote) reads as a list of one."""
+    items = headers.items() if isinstance(headers, dict) else headers or []
+    for k, v in items:
+        if k == "lineage" and v is not None:
+            doc = json.loads(v)
+            return doc if isinstance(doc, list) else [doc]
+    return []
 
 
 # --- dead letters ---------------------------------------------------------------------------

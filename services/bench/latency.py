@@ -95,7 +95,8 @@ class LakePoller:
 
 
 def _refined_freshness(k: BenchKafka, prefix: str) -> tuple[np.ndarray, np.ndarray]:
-    """(per sample, per record newest sample) seconds from aligned ts to LogAppendTime."""
+    """(per sample, newest sample of each raw record) seconds from aligned ts to the refined
+    record's LogAppendTime (a refined record holds one or more raw records of a node)."""
     import pyarrow as pa
 
     topic = prefix + "telemetry.refined"
@@ -106,10 +107,14 @@ def _refined_freshness(k: BenchKafka, prefix: str) -> tuple[np.ndarray, np.ndarr
     newest: list[int] = []
     for m in records(k.conf, topic, lambda c: c >= n, 120):
         append_ns = m.timestamp()[1] * 1_000_000
-        ts = pa.ipc.open_stream(m.value()).read_all().column("ts").to_numpy()
+        t = pa.ipc.open_stream(m.value()).read_all()
+        ts = t.column("ts").to_numpy()
         if len(ts):
             per_sample.append(append_ns - ts)
-            newest.append(append_ns - int(ts.max()))
+            pos = t.column("raw_partition").to_numpy().astype(np.int64) << 40
+            pos += t.column("raw_offset").to_numpy()
+            for p in np.unique(pos):
+                newest.append(append_ns - int(ts[pos == p].max()))
     samples = np.concatenate(per_sample) if per_sample else np.array([], np.int64)
     return samples.astype(np.float64) / S, np.asarray(newest, np.float64) / S
 

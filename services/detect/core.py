@@ -165,20 +165,37 @@ class DetectCore:
         return out
 
     def _refined(self, partition: int, offset: int, value: bytes) -> pa.Table | None:
-        """A refined record's table, or None when it has no rows or replays a raw position
-        already seen; advances the partition's position and newest ts either way."""
+        """A refined record's rows, less those of raw positions already seen (a refiner's
+        replay), or None when none is left; advances the partition's position and newest ts
+        either way. A refined record holds the rows of one or more raw records of one node,
+        in raw order."""
         self._next[partition] = offset + 1
         table = pa.ipc.open_stream(value).read_all()
         if table.num_rows == 0:
             return None
         newest = int(pc.max(table.column("ts")).as_py())
         self._latest[partition] = max(self._latest.get(partition, newest), newest)
-        part = int(table.column("raw_partition")[0].as_py())
-        off = int(table.column("raw_offset")[0].as_py())
-        if off <= self._raw_seen.get(part, -1):
-            return None  # a refiner replay of a position already seen
-        self._raw_seen[part] = off
-        return table
+        raw_part, raw_off = table.column("raw_partition"), table.column("raw_offset")
+        lo, hi = pc.min_max(raw_part).values()
+        if lo.as_py() == hi.as_py():  # the usual case: a node's records share a raw partition
+            return self._unseen(table, int(lo.as_py()), raw_off)
+        parts = []
+        for p in pc.unique(raw_part).to_pylist():
+            sub = table.filter(pc.equal(raw_part, p))
+            kept = self._unseen(sub, int(p), sub.column("raw_offset"))
+            if kept is not None:
+                parts.append(kept)
+        return pa.concat_tables(parts) if parts else None
+
+    def _unseen(self, table: pa.Table, raw_part: int, raw_off: Any) -> pa.Table | None:
+        """The rows of ``table`` (all of raw partition ``raw_part``) above the highest raw
+        offset seen there; that high mark moves to the table's highest."""
+        seen = self._raw_seen.get(raw_part, -1)
+        lo, hi = (int(x.as_py()) for x in pc.min_max(raw_off).values())
+        if hi <= seen:
+            return None  # a refiner replay of positions already seen
+        self._raw_seen[raw_part] = hi
+        return table if lo > seen else table.filter(pc.greater(raw_off, seen))
 
     def watermark(self, high: Callable[[int], int]) -> int | None:
         """:func:`low_watermark` of the assigned refined partitions; ``high(partition)``: its

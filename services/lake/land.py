@@ -4,10 +4,10 @@ One loop: ``poll`` → decode to rows (:mod:`services.lake.decode`) → accumula
 partition → on size or age, :meth:`LakeWriter.land` (durable, renamed) → commit ``last + 1``
 synchronously. Offsets are committed only after the files are visible, and on assignment each
 partition is sought to ``max(committed, landed high-water + 1)`` read from the lake, so a crash
-at any point neither loses nor duplicates a record. Refined records whose lineage
-``(raw_partition, raw_offset)`` is not above what this source partition already landed are
-replays by the refiner (one refined record per raw record, in raw-offset order) and are
-skipped.
+at any point neither loses nor duplicates a record. Refined rows whose lineage
+``(raw_partition, raw_offset)`` already landed from this source partition are replays by the
+refiner and are skipped (a refined record holds the rows of one or more raw records of one
+node).
 
 Records that cannot be decoded are counted and logged (one line to stderr) and their offsets
 committed with the flush that passes them. Anything else (disk full, broker fatal error)
@@ -306,13 +306,16 @@ class LandingService:
 
 def _positions(table: pa.Table) -> list[tuple[int | None, int | None]]:
     """The distinct raw positions (partition, offset) of a refined table's rows. A refined
-    record comes from one raw record, so one min/max pass per column usually settles it
-    without hashing every row."""
+    record holds one node's raw records, all of one raw partition: one min/max pass settles
+    the partition, and the offsets are hashed alone (or not at all when there is one)."""
     part, off = table.column("raw_partition"), table.column("raw_offset")
     if part.null_count == 0 and off.null_count == 0:
         p, o = pc.min_max(part), pc.min_max(off)
-        if p["min"] == p["max"] and o["min"] == o["max"]:
-            return [(p["min"].as_py(), o["min"].as_py())]
+        if p["min"] == p["max"]:
+            rp = p["min"].as_py()
+            if o["min"] == o["max"]:
+                return [(rp, o["min"].as_py())]
+            return [(rp, x) for x in pc.unique(off).to_pylist()]
     pairs = table.group_by(["raw_partition", "raw_offset"]).aggregate([])
     return list(
         zip(

@@ -41,7 +41,7 @@ from pipelines.refine import (
 from schemas.catalog import Catalog
 from schemas.codec import ARROW, content_type_of, decode, ipc_stream
 from schemas.errors import RejectedInput
-from schemas.records import Alert, AlertState, DeadLetter, Severity
+from schemas.records import Alert, AlertState, DeadLetter, Severity, lineage_header
 from schemas.wire import Batch, PayloadKind
 from services.worker.state import StreamState, decode_overlap, encode_overlap
 
@@ -186,7 +186,10 @@ class Refiner:
     def process_group(self, recs: list[RawRecord], now_ns: int) -> list[Outcome]:
         """What each record turns into, in order: the same outcomes and state as
         :meth:`process` on each in turn, with the samples batches refined together
-        (:func:`pipelines.refine.refine_group`). Raises only on a bug."""
+        (:func:`pipelines.refine.refine_group`). The refined rows of one node's batches of a
+        wave go out as one refined message (one IPC stream to write, and to read for every
+        consumer, instead of one per raw record), listed in the outcome of the last of them;
+        its ``lineage`` header names each record. Raises only on a bug."""
         outs: list[Outcome | None] = [None] * len(recs)
         pending: list[tuple[int, RawRecord, Batch]] = []
 
@@ -198,8 +201,15 @@ class Refiner:
             results = refine_group(
                 items, self.state, self.catalog, self._topology(), now_ns, self.settings
             )
+            refined: list[tuple[int, RawRecord, Batch, RefineResult]] = []
             for (i, r, b), res in zip(pending, results, strict=True):
                 outs[i] = self._samples(r, b, res, now_ns)
+                if res.refined_count:
+                    refined.append((i, r, b, res))
+            for run in _runs(refined):
+                last = outs[max(i for i, _, _, _ in run)]
+                assert last is not None
+                last.messages.insert(0, self._refined_message(run))
             pending.clear()
 
         for i, rec in enumerate(recs):
@@ -226,22 +236,11 @@ class Refiner:
 
     def _samples(self, rec: RawRecord, batch: Batch, r: RefineResult, now_ns: int) -> Outcome:
         src = batch.envelope.source
-        position = (rec.partition, rec.offset)
         self._dirty_streams.add(src.stream_key())
         self._dirty_nodes.add(src.node)
         msgs: list[OutMessage] = []
         reasons: dict[str, int] = {}
         key = src.node.encode()
-        if r.refined.num_rows:
-            header = r.header(rec.topic, batch, position).model_dump_json().encode()
-            msgs.append(
-                OutMessage(
-                    self.topics.refined,
-                    key,
-                    ipc_stream(r.refined),
-                    [("content-type", ARROW.encode()), ("lineage", header)],
-                )
-            )
         for i, group in enumerate(r.dead_letters):
             reasons[group.reason.value] = reasons.get(group.reason.value, 0) + group.count
             dl = DeadLetter(
@@ -280,6 +279,24 @@ class Refiner:
             src.stream_key(),
             r.clock.offset_ns if r.clock else None,
             fresh,
+        )
+
+    def _refined_message(self, run: list[tuple[int, RawRecord, Batch, RefineResult]]) -> OutMessage:
+        """One refined message for adjacent rows of one node's batches (see :func:`_runs`),
+        with the lineage of each raw record in it."""
+        _, _, batch, first = run[0]
+        rows = first.refined
+        if len(run) > 1:
+            assert first.wave_rows is not None
+            rows = first.wave_rows.slice(first.wave_start, sum(x[3].refined_count for x in run))
+        lineage = [
+            res.header(r.topic, b, (r.partition, r.offset)).model_dump() for _, r, b, res in run
+        ]
+        return OutMessage(
+            self.topics.refined,
+            batch.envelope.source.node.encode(),
+            ipc_stream(rows),
+            [("content-type", ARROW.encode()), ("lineage", lineage_header(lineage))],
         )
 
     def _records(self, rec: RawRecord, batch: Batch, now_ns: int) -> Outcome:
@@ -402,3 +419,27 @@ class Refiner:
             emitted_ns=now_ns,
         )
         return [OutMessage(self.topics.alerts, stream.encode(), alert.model_dump_json().encode())]
+
+
+def _runs(
+    refined: list[tuple[int, RawRecord, Batch, RefineResult]],
+) -> list[list[tuple[int, RawRecord, Batch, RefineResult]]]:
+    """The batches with refined rows grouped into runs that can go out as one message: of one
+    node, refined in one wave, their rows adjacent there (:func:`pipelines.refine.refine_group`
+    puts a node's batches of a wave next to each other), in row order."""
+    by: dict[tuple[int, str], list[tuple[int, RawRecord, Batch, RefineResult]]] = {}
+    for item in refined:
+        res = item[3]
+        by.setdefault((id(res.wave_rows), item[2].envelope.source.node), []).append(item)
+    runs = []
+    for group in by.values():
+        group.sort(key=lambda x: x[3].wave_start)
+        run = [group[0]]
+        for item in group[1:]:
+            prev = run[-1][3]
+            if prev.wave_rows is None or prev.wave_start + prev.refined_count != item[3].wave_start:
+                runs.append(run)
+                run = []
+            run.append(item)
+        runs.append(run)
+    return runs

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pyarrow.compute as pc
 
+from schemas.records import refined_lineage
 from services.simulate.truth import load_truth
 from tests.integration.worker_helpers import read_all
 
@@ -194,9 +195,9 @@ def reconcile(bootstrap: str, prefix: str, truth_path: Path) -> Reconciled:
     seen: dict[str, dict[tuple[int, int], int]] = defaultdict(dict)
     rows = read_all(bootstrap, prefix + "telemetry.refined", idle=6.0, timeout=120)
     for _, _, headers in rows:
-        lineage = json.loads(dict(headers)["lineage"])
-        tag = "|".join(str(lineage[k]) for k in ("node", "exporter", "instance", "boot_id", "seq"))
-        seen[tag][(lineage["raw_partition"], lineage["raw_offset"])] = lineage["refined_samples"]
+        for lin in refined_lineage(headers):
+            tag = "|".join(str(lin[k]) for k in ("node", "exporter", "instance", "boot_id", "seq"))
+            seen[tag][(lin["raw_partition"], lin["raw_offset"])] = lin["refined_samples"]
     lost = [t for t, n in acked.items() if n > 0 and t not in seen]
     short = sum(max(0, n - max(seen[t].values(), default=0)) for t, n in acked.items() if t in seen)
     return Reconciled(
@@ -209,18 +210,51 @@ def reconcile(bootstrap: str, prefix: str, truth_path: Path) -> Reconciled:
     )
 
 
+class RefinedPositions:
+    """The distinct raw positions ``(partition, offset)`` the refined topic holds rows of,
+    from its messages' lineage headers, read on from where the last call stopped."""
+
+    def __init__(self, bootstrap: str, topic: str) -> None:
+        from confluent_kafka import Consumer, TopicPartition
+
+        self.seen: set[tuple[int, int]] = set()
+        self._c = Consumer(
+            {"bootstrap.servers": bootstrap, "group.id": "fault-positions", "log_level": 0,
+             "enable.auto.commit": False}
+        )  # fmt: skip
+        md = self._c.list_topics(topic, timeout=10)
+        self._c.assign([TopicPartition(topic, p, 0) for p in md.topics[topic].partitions])
+
+    def count(self) -> int:
+        while True:
+            msgs = self._c.consume(1000, 0.5)
+            for m in msgs:
+                if m.error() is None:
+                    for lin in refined_lineage(m.headers()):
+                        self.seen.add((int(lin["raw_partition"]), int(lin["raw_offset"])))
+            if not msgs:
+                return len(self.seen)
+
+    def close(self) -> None:
+        self._c.close()
+
+
 def wait_drained(
     bootstrap: str, prefix: str, expect: int, timeout: float, w: Supervised | None = None
 ) -> float:
-    """Wait until the refined topic holds ``expect`` records (supervising ``w``); returns
-    the seconds waited."""
+    """Wait until the refined topic holds rows of ``expect`` raw records (supervising ``w``);
+    returns the seconds waited."""
     t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout:
-        if w is not None:
-            w.check()
-        if refined_count(bootstrap, prefix + "telemetry.refined") >= expect:
-            break
-        time.sleep(1.0)
+    positions = RefinedPositions(bootstrap, prefix + "telemetry.refined")
+    try:
+        while time.monotonic() - t0 < timeout:
+            if w is not None:
+                w.check()
+            if positions.count() >= expect:
+                break
+            time.sleep(1.0)
+    finally:
+        positions.close()
     return time.monotonic() - t0
 
 

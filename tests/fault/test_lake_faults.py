@@ -7,7 +7,6 @@ skipped otherwise."""
 from __future__ import annotations
 
 import itertools
-import json
 import os
 import re
 import subprocess
@@ -16,10 +15,10 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from schemas.records import refined_lineage
 from tests.fault.harness import (
     Reconciled,
     Supervised,
@@ -72,10 +71,9 @@ def refined(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> t
         w.stop()
     topic = prefix + "telemetry.refined"
     by_lineage: dict[tuple[int, int], int] = {}  # replays after worker restarts count once
-    for _, value, headers in read_all(kafka_bootstrap, topic, idle=3.0):
-        lineage = json.loads(dict(headers)["lineage"])
-        pos = (lineage["raw_partition"], lineage["raw_offset"])
-        by_lineage[pos] = pa.ipc.open_stream(value).read_all().num_rows
+    for _, _, headers in read_all(kafka_bootstrap, topic, idle=3.0):
+        for lin in refined_lineage(headers):
+            by_lineage[(lin["raw_partition"], lin["raw_offset"])] = lin["refined_samples"]
     rows = sum(by_lineage.values())
     return topic, rows
 

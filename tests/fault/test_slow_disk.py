@@ -33,11 +33,11 @@ from services.lake.writer import LakeWriter
 from tests.fault.harness import (
     REPO,
     Reconciled,
+    RefinedPositions,
     Supervised,
     acked_batches,
     acked_raw,
     cli,
-    refined_count,
     report,
     simulate,
     wait_drained,
@@ -272,7 +272,9 @@ def test_slow_disk_costs_nothing(kafka_bootstrap: str, slow_disk: SlowDisk, tmp_
         assert sim.wait(150) == 0
         expect = acked_raw(truth)
         waited = wait_drained(kafka_bootstrap, prefix, expect, 150, w)
-        refined_n = refined_count(kafka_bootstrap, topic)
+        positions = RefinedPositions(kafka_bootstrap, topic)
+        refined_n = positions.count()
+        positions.close()
         # the worker's side, not the disk's: without it the lakes cannot match the truth
         assert refined_n >= expect, (
             f"worker refined {refined_n} of {expect} batches in {waited:.0f} s; "

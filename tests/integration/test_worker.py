@@ -21,6 +21,7 @@ from confluent_kafka.admin import (
 )
 
 from schemas.codec import ARROW, JSON, encode
+from schemas.records import refined_lineage
 from schemas.wire import SAMPLES_SCHEMA, Envelope, SourceId
 from services.demo.procs import group_lag
 from tests.integration.worker_helpers import (
@@ -177,8 +178,8 @@ def _refined_positions(bootstrap: str, prefix: str) -> set[tuple[int, int]]:
     """Raw (partition, offset) of every refined message (its lineage header)."""
     out = set()
     for _, _, headers in read_all(bootstrap, prefix + "telemetry.refined", idle=3.0):
-        lineage = json.loads(dict(headers)["lineage"])
-        out.add((int(lineage["raw_partition"]), int(lineage["raw_offset"])))
+        for lin in refined_lineage(headers):
+            out.add((int(lin["raw_partition"]), int(lin["raw_offset"])))
     return out
 
 

@@ -82,6 +82,7 @@ def test_group_equals_one_by_one(seed: int, lateness_s: float) -> None:
     assert len(got) == len(expected)
     for a, b in zip(got, expected, strict=True):
         _same(a, b)
+    _nodes_adjacent(got)
     assert grouped.watermarks == one.watermarks
     assert grouped.clocks.keys() == one.clocks.keys()
     for k, c in one.counters.items():
@@ -92,6 +93,24 @@ def test_group_equals_one_by_one(seed: int, lateness_s: float) -> None:
             assert grouped.overlaps[node].sources[src].equals(t)
     for key, w in one.seqs.items():
         assert grouped.seqs[key].positions == w.positions
+
+
+def _nodes_adjacent(results: list[RefineResult]) -> None:
+    """Each result's rows are its slice of its wave's rows, and within a wave every node's
+    rows form one run (what lets the worker publish a node's batches as one message)."""
+    waves: dict[int, pa.Table] = {}
+    for r in results:
+        if r.refined_count:
+            assert r.wave_rows is not None
+            assert r.wave_rows.slice(r.wave_start, r.refined_count).equals(r.refined)
+            waves[id(r.wave_rows)] = r.wave_rows
+    several = 0
+    for t in waves.values():
+        nodes = t.column("node").to_pylist()
+        runs = [n for i, n in enumerate(nodes) if i == 0 or nodes[i - 1] != n]
+        assert len(runs) == len(set(runs)), runs
+        several += len(runs) > 1
+    assert several > 0  # waves of several nodes were checked, not only single-node ones
 
 
 def test_empty_group() -> None:
