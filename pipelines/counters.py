@@ -87,13 +87,42 @@ class CounterColumns:
     null_reason: Array  # string: input null_reason, or first_sample/reset/saturated
 
 
+@dataclass
+class CounterLayout:
+    """What one source stream's last batch looked like to :func:`derive_rates_group` (a cache,
+    not state): exporters send the same series in the same order every batch, and then the
+    series of each row, their order by (series, source ts) and their rows in the state are
+    those of last time, found by comparing arrays instead of joining and hashing key strings
+    and sorting."""
+
+    metric: Array = None  # the batch's metric and device columns (all its rows)
+    device: Array = None
+    counters: Array = None  # which of its rows were counter readings
+    names: Array = None  # the stream's state keys after that batch, in state order
+    pos: Any = None  # numpy: its counter rows (in the batch), in (series, source ts) order
+    codes: Any = None  # numpy: the series of each, as an index into ``names``
+    hits: int = 0  # batches that used it
+
+    def matches(self, metric: Array, device: Array, counters: Array, state: CounterState) -> bool:
+        return (
+            self.names is not None
+            and len(self.names) == state.table.num_rows
+            and self.counters.equals(counters)
+            and self.metric.equals(metric)
+            and self.device.equals(device)
+            and self.names.equals(column(state.table, "key"))
+        )
+
+
 @dataclass(frozen=True)
 class CounterPart:
-    """One source stream's consecutive rows in a :func:`derive_rates_group` table."""
+    """One source stream's consecutive rows in a :func:`derive_rates_group` table, and the
+    stream's :class:`CounterLayout` cache if the caller keeps one (it is updated in place)."""
 
     rows: int
     boot_id: str
     state: CounterState
+    layout: CounterLayout | None = None
 
 
 def derive_rates(
@@ -133,39 +162,28 @@ def derive_rates_group(
 
     k = len(parts)
     counts = np.array([p.rows for p in parts], dtype=np.int64)
-    ci = where(cmask)
-    sid = np.repeat(np.arange(k, dtype=np.int64), counts)[ci.to_numpy()]
-    key = pc.binary_join_element_wise(
-        pc.take(column(table, "metric"), ci), pc.take(column(table, "device"), ci), "|"
-    )
-    enc = key.dictionary_encode()
-    names = enc.dictionary
-    g = sid * _SID + enc.indices.to_numpy().astype(np.int64)
-    sub = pa.table(
-        {
-            "pos": ci,
-            "g": pa.array(g),
-            "sid": pa.array(sid),
-            "ts": pc.take(ts, ci),
-            "src": pc.take(column(table, "ts_ns"), ci),
-            "raw": pc.take(raw_all, ci),
-            "max": pc.take(column(table, "max_raw"), ci),
-            "sat": pc.take(column(table, "saturate"), ci),
-            "scale": pc.take(column(table, "scale"), ci),
-        }
-    )
-    s = sub.take(pc.sort_indices(sub, sort_keys=[("g", "ascending"), ("src", "ascending")]))
-    gg, tt, ss = column(s, "g"), column(s, "ts"), column(s, "src")
-    dup_ts = true_mask(pc.and_(pc.equal(gg, prev(gg)), pc.equal(ss, prev(ss))))
-
-    # the streams' states as one table, keyed the same way (series not in this batch: NULL)
+    starts = np.concatenate([[0], np.cumsum(counts)])
+    metric_all, device_all = column(table, "metric"), column(table, "device")
+    views = [
+        (metric_all.slice(a, m), device_all.slice(a, m), cmask.slice(a, m))
+        for a, m in zip(starts[:-1].tolist(), counts.tolist(), strict=True)
+    ]
+    fits = [
+        p.layout is not None and p.layout.matches(*v, p.state)
+        for p, v in zip(parts, views, strict=True)
+    ]
     st_parts = [p.state.table for p in parts]
     st = pa.concat_tables(st_parts) if k > 1 else st_parts[0]
     st_counts = np.array([t.num_rows for t in st_parts], dtype=np.int64)
     st_sid = np.repeat(np.arange(k, dtype=np.int64), st_counts)
-    st_code = pc.cast(pc.index_in(column(st, "key"), value_set=names), pa.int64())
-    st_g = pc.add(pa.array(st_sid * _SID), st_code)
-    sidx = pc.index_in(gg, value_set=st_g)
+    front = _front_from_layouts(table, ts, parts, starts, st_counts) if all(fits) else None
+    if front is None:
+        s, names, st_g, sidx = _front(table, ts, cmask, k, counts, st, st_sid)
+    else:
+        s, names, st_g, sidx = front
+    gg, tt, ss = column(s, "g"), column(s, "ts"), column(s, "src")
+    dup_ts = true_mask(pc.and_(pc.equal(gg, prev(gg)), pc.equal(ss, prev(ss))))
+    sorted_rows = s  # before the late rows leave: what a layout remembers
     st_raw = pc.take(column(st, "raw"), sidx)
     st_ts = pc.take(column(st, "ts"), sidx)
     st_src = pc.take(column(st, "src"), sidx)
@@ -227,6 +245,10 @@ def derive_rates_group(
     at = np.concatenate([[0], np.cumsum(per)])
     body = merged.select(STATE_SCHEMA.names)
     states = [CounterState(body.slice(int(at[j]), int(per[j]))) for j in range(k)]
+    if front is None:
+        for j, p in enumerate(parts):
+            if p.layout is not None and not fits[j]:
+                _remember(p.layout, *views[j], sorted_rows, names, j, int(starts[j]), states[j])
 
     # scatter back to row order; rows not computed (late, not counters) get the fills
     slot = np.full(n, -1, dtype=np.int64)
@@ -243,6 +265,108 @@ def derive_rates_group(
         null_reason=pc.coalesce(null_reason, computed_reason),
     )
     return cols, states
+
+
+def _front(
+    table: pa.Table, ts: Array, cmask: Array, k: int, counts: Any, st: pa.Table, st_sid: Any
+) -> tuple[pa.Table, Array, Array, Array]:
+    """The counter rows sorted by (series, source ts), the series names, the state rows'
+    series ids and each sorted row's state row: by joining and hashing ``metric|device``."""
+    ci = where(cmask)
+    sid = np.repeat(np.arange(k, dtype=np.int64), counts)[ci.to_numpy()]
+    key = pc.binary_join_element_wise(
+        pc.take(column(table, "metric"), ci), pc.take(column(table, "device"), ci), "|"
+    )
+    enc = key.dictionary_encode()
+    names = enc.dictionary
+    g = sid * _SID + enc.indices.to_numpy().astype(np.int64)
+    sub = _rows(table, ts, ci, g, sid)
+    s = sub.take(pc.sort_indices(sub, sort_keys=[("g", "ascending"), ("src", "ascending")]))
+    # the streams' states keyed the same way (a state series not in this batch: NULL)
+    st_code = pc.cast(pc.index_in(column(st, "key"), value_set=names), pa.int64())
+    st_g = pc.add(pa.array(st_sid * _SID), st_code)
+    return s, names, st_g, pc.index_in(column(s, "g"), value_set=st_g)
+
+
+def _front_from_layouts(
+    table: pa.Table, ts: Array, parts: list[CounterPart], starts: Any, st_counts: Any
+) -> tuple[pa.Table, Array, Array, Array] | None:
+    """What :func:`_front` returns, from every stream's :class:`CounterLayout` (each matched
+    its batch and its state): the series names are the states' keys, so a row's series is
+    its state row. None when this batch's source timestamps do not keep last time's order
+    (then :func:`_front` sorts)."""
+    offsets = np.concatenate([[0], np.cumsum(st_counts)])
+    lays = [p.layout for p in parts]
+    assert all(x is not None for x in lays)
+    pos = np.concatenate([x.pos + a for x, a in zip(lays, starts[:-1], strict=True)])  # type: ignore[union-attr]
+    code = np.concatenate([x.codes + o for x, o in zip(lays, offsets[:-1], strict=True)])  # type: ignore[union-attr]
+    sid = np.repeat(np.arange(len(parts), dtype=np.int64), [len(x.pos) for x in lays])  # type: ignore[union-attr]
+    src = column(table, "ts_ns").to_numpy()[pos]
+    same = code[1:] == code[:-1]
+    back = (src[1:] < src[:-1]) | ((src[1:] == src[:-1]) & (pos[1:] < pos[:-1]))
+    if (same & back).any():
+        return None
+    names = pa.concat_arrays([x.names for x in lays]) if len(lays) > 1 else lays[0].names  # type: ignore[union-attr]
+    st_sid = np.repeat(np.arange(len(parts), dtype=np.int64), st_counts)
+    st_g = pa.array(st_sid * _SID + np.arange(int(offsets[-1]), dtype=np.int64))
+    s = _rows(table, ts, pa.array(pos), sid * _SID + code, sid)
+    for x in lays:
+        x.hits += 1  # type: ignore[union-attr]
+    return s, names, st_g, pa.array(code)
+
+
+def _rows(table: pa.Table, ts: Array, pos: Array, g: Any, sid: Any) -> pa.Table:
+    """The counter rows at ``pos`` with their series ``g`` and stream ``sid``."""
+    return pa.table(
+        {
+            "pos": pos,
+            "g": pa.array(g),
+            "sid": pa.array(sid),
+            "ts": pc.take(ts, pos),
+            "src": pc.take(column(table, "ts_ns"), pos),
+            "raw": pc.take(column(table, "raw"), pos),
+            "max": pc.take(column(table, "max_raw"), pos),
+            "sat": pc.take(column(table, "saturate"), pos),
+            "scale": pc.take(column(table, "scale"), pos),
+        }
+    )
+
+
+def _remember(
+    layout: CounterLayout,
+    metric: Array,
+    device: Array,
+    counters: Array,
+    s: pa.Table,
+    names: Array,
+    j: int,
+    start: int,
+    state: CounterState,
+) -> None:
+    """Fill ``layout`` from stream ``j``'s rows of a sorted :func:`_front` result and its new
+    state, when a later batch of the same layout can use it: its series are in the state in
+    the order they first appear in its rows, the order :func:`_front` would give them."""
+    layout.names = None
+    sid = column(s, "sid").to_numpy()
+    lo, hi = np.searchsorted(sid, [j, j + 1])
+    mine = s.slice(int(lo), int(hi - lo))
+    keys = pc.take(names, pa.array(column(mine, "g").to_numpy() % _SID))
+    state_keys = column(state.table, "key")
+    code = pc.index_in(keys, value_set=state_keys)
+    if code.null_count:
+        return
+    # the series of the batch, by first appearance in its rows
+    in_rows = pc.unique(pc.take(keys, pc.sort_indices(column(mine, "pos"))))
+    in_state = state_keys.filter(pc.is_in(state_keys, value_set=in_rows))
+    codes = code.to_numpy().astype(np.int64)
+    if not in_state.equals(in_rows) or (codes[1:] < codes[:-1]).any():
+        return
+    # copies of the slices: a view would keep its whole wave's buffers alive with the cache
+    layout.metric, layout.device, layout.counters, layout.names = (
+        pa.concat_arrays([a]) for a in (metric, device, counters, state_keys)
+    )
+    layout.pos = column(mine, "pos").to_numpy() - start
+    layout.codes = codes
 
 
 def _deltas(

@@ -22,7 +22,13 @@ import pyarrow.compute as pc
 
 from pipelines._arrow import column, true_mask
 from pipelines.clock import ClockEstimate, ClockEstimator, ClockSettings, align
-from pipelines.counters import CounterPart, CounterState, StateDecoder, derive_rates_group
+from pipelines.counters import (
+    CounterLayout,
+    CounterPart,
+    CounterState,
+    StateDecoder,
+    derive_rates_group,
+)
 from pipelines.dedupe import (
     OverlapState,
     Position,
@@ -64,6 +70,7 @@ class RefineState:
     watermarks: dict[str, int] = field(default_factory=dict)
     decoders: dict[int, StateDecoder] = field(default_factory=dict)  # by id(catalog)
     layouts: dict[str, LayoutCache] = field(default_factory=dict)  # caches, not state
+    counter_layouts: dict[str, CounterLayout] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -262,7 +269,8 @@ def _refine_wave(
     keys = [x.item.batch.envelope.source.stream_key() for x in live]
     cparts = [
         CounterPart(int(counts[j]), x.item.batch.envelope.source.boot_id,
-                    state.counters.get(keys[j], CounterState()))
+                    state.counters.get(keys[j], CounterState()),
+                    state.counter_layouts.setdefault(keys[j], CounterLayout()))
         for j, x in enumerate(live)
     ]  # fmt: skip
     cols, new_states = derive_rates_group(acc, ts, cparts)
