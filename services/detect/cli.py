@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from services.heap import keep_heap
 from services.settings import RefinerySettings
 
 if TYPE_CHECKING:
@@ -76,6 +77,7 @@ def run(args: argparse.Namespace, settings: RefinerySettings) -> int:
     # a bad rule file stops here, before any engine starts (one line, exit 2)
     detector = Detector(default_catalog(), rules, raw_topic=args.topic_prefix + "telemetry.raw")
     telemetry = ServiceTelemetry("detect", otlp_endpoint=settings.otlp_endpoint)
+    keep_heap()
     try:
         if args.engine == "plain":
             return _run_plain(args, settings, topics, detector, telemetry)

@@ -17,6 +17,7 @@ from typing import Any
 
 import duckdb
 
+from services.heap import keep_heap
 from services.lake import sqlload
 from services.lake.compact import CompactionReport, Compactor
 from services.lake.datasets import DATASETS
@@ -59,6 +60,7 @@ def cmd_land(args: argparse.Namespace, settings: RefinerySettings) -> int:
         compactor=compactor,
         crash_at=args.crash_at,
     )
+    keep_heap()
     try:
         stats = svc.run(once_idle_s=args.once_idle)
     except OSError as e:  # disk full, read-only, gone: nothing is committed past what landed

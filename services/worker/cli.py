@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from services.heap import keep_heap
 from services.settings import RefinerySettings
 
 
@@ -139,6 +140,7 @@ def run(args: argparse.Namespace, settings: RefinerySettings) -> int:
         ),
     )
     telemetry = ServiceTelemetry("worker", otlp_endpoint=settings.otlp_endpoint)
+    keep_heap()
     app = build_app(kafka, cfg, telemetry)
     try:
         return run_worker(app, loglevel=args.loglevel)
