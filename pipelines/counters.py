@@ -106,7 +106,6 @@ class CounterLayout:
     def matches(self, metric: Array, device: Array, counters: Array, state: CounterState) -> bool:
         return (
             self.names is not None
-            and len(self.names) == state.table.num_rows
             and self.counters.equals(counters)
             and self.metric.equals(metric)
             and self.device.equals(device)
@@ -246,9 +245,12 @@ def derive_rates_group(
     body = merged.select(STATE_SCHEMA.names)
     states = [CounterState(body.slice(int(at[j]), int(per[j]))) for j in range(k)]
     if front is None:
+        # each stream's rows of the sorted table (sorted by series, so by stream first)
+        bounds = np.searchsorted(column(sorted_rows, "sid").to_numpy(), np.arange(k + 1))
         for j, p in enumerate(parts):
             if p.layout is not None and not fits[j]:
-                _remember(p.layout, *views[j], sorted_rows, names, j, int(starts[j]), states[j])
+                mine = sorted_rows.slice(int(bounds[j]), int(bounds[j + 1] - bounds[j]))
+                _remember(p.layout, *views[j], mine, names, int(starts[j]), states[j])
 
     # scatter back to row order; rows not computed (late, not counters) get the fills
     slot = np.full(n, -1, dtype=np.int64)
@@ -296,22 +298,22 @@ def _front_from_layouts(
     its state row. None when this batch's source timestamps do not keep last time's order
     (then :func:`_front` sorts)."""
     offsets = np.concatenate([[0], np.cumsum(st_counts)])
-    lays = [p.layout for p in parts]
-    assert all(x is not None for x in lays)
-    pos = np.concatenate([x.pos + a for x, a in zip(lays, starts[:-1], strict=True)])  # type: ignore[union-attr]
-    code = np.concatenate([x.codes + o for x, o in zip(lays, offsets[:-1], strict=True)])  # type: ignore[union-attr]
-    sid = np.repeat(np.arange(len(parts), dtype=np.int64), [len(x.pos) for x in lays])  # type: ignore[union-attr]
+    lays = [p.layout for p in parts if p.layout is not None]
+    assert len(lays) == len(parts)
+    pos = np.concatenate([x.pos + a for x, a in zip(lays, starts[:-1], strict=True)])
+    code = np.concatenate([x.codes + o for x, o in zip(lays, offsets[:-1], strict=True)])
+    sid = np.repeat(np.arange(len(parts), dtype=np.int64), [len(x.pos) for x in lays])
     src = column(table, "ts_ns").to_numpy()[pos]
     same = code[1:] == code[:-1]
     back = (src[1:] < src[:-1]) | ((src[1:] == src[:-1]) & (pos[1:] < pos[:-1]))
     if (same & back).any():
         return None
-    names = pa.concat_arrays([x.names for x in lays]) if len(lays) > 1 else lays[0].names  # type: ignore[union-attr]
+    names = pa.concat_arrays([x.names for x in lays]) if len(lays) > 1 else lays[0].names
     st_sid = np.repeat(np.arange(len(parts), dtype=np.int64), st_counts)
     st_g = pa.array(st_sid * _SID + np.arange(int(offsets[-1]), dtype=np.int64))
     s = _rows(table, ts, pa.array(pos), sid * _SID + code, sid)
     for x in lays:
-        x.hits += 1  # type: ignore[union-attr]
+        x.hits += 1
     return s, names, st_g, pa.array(code)
 
 
@@ -337,19 +339,15 @@ def _remember(
     metric: Array,
     device: Array,
     counters: Array,
-    s: pa.Table,
+    mine: pa.Table,
     names: Array,
-    j: int,
     start: int,
     state: CounterState,
 ) -> None:
-    """Fill ``layout`` from stream ``j``'s rows of a sorted :func:`_front` result and its new
-    state, when a later batch of the same layout can use it: its series are in the state in
-    the order they first appear in its rows, the order :func:`_front` would give them."""
+    """Fill ``layout`` from a stream's rows of a sorted :func:`_front` result (``mine``) and
+    its new state, when a later batch of the same layout can use it: its series are in the
+    state in the order they first appear in its rows, the order :func:`_front` would give."""
     layout.names = None
-    sid = column(s, "sid").to_numpy()
-    lo, hi = np.searchsorted(sid, [j, j + 1])
-    mine = s.slice(int(lo), int(hi - lo))
     keys = pc.take(names, pa.array(column(mine, "g").to_numpy() % _SID))
     state_keys = column(state.table, "key")
     code = pc.index_in(keys, value_set=state_keys)

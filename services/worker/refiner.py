@@ -285,10 +285,8 @@ class Refiner:
         """One refined message for adjacent rows of one node's batches (see :func:`_runs`),
         with the lineage of each raw record in it."""
         _, _, batch, first = run[0]
-        rows = first.refined
-        if len(run) > 1:
-            assert first.wave_rows is not None
-            rows = first.wave_rows.slice(first.wave_start, sum(x[3].refined_count for x in run))
+        assert first.wave_rows is not None  # a batch with refined rows has its wave's
+        rows = first.wave_rows.slice(first.wave_start, sum(x[3].refined_count for x in run))
         lineage = [
             res.header(r.topic, b, (r.partition, r.offset)).model_dump() for _, r, b, res in run
         ]
