@@ -7,6 +7,7 @@ even while another agent keeps the producer's queue busy."""
 from __future__ import annotations
 
 import asyncio
+import random
 from collections.abc import Callable
 
 import pytest
@@ -56,7 +57,8 @@ def test_a_refused_message_fails_the_wait_naming_the_broker_error(
     out = OutputProducer(KafkaSettings(bootstrap_servers=kafka_bootstrap), "test-outputs")
     asyncio.run(out.publish([OutMessage(topic, b"k", b"x" * 10, [])]))  # a small one passes
     msgs = [OutMessage(topic, b"k", b"x" * 10, []) for _ in range(5)]
-    msgs.insert(2, OutMessage(topic, b"k", b"y" * 4096, []))
+    # incompressible: the outputs are lz4-compressed, 4 KiB of one byte would fit in 512
+    msgs.insert(2, OutMessage(topic, b"k", random.Random(7).randbytes(4096), []))
 
     async def run() -> None:
         await out.wait([await out.enqueue(msgs)])
@@ -64,6 +66,30 @@ def test_a_refused_message_fails_the_wait_naming_the_broker_error(
     with pytest.raises(OutputError, match=r"\d of 6 outputs not acknowledged.*MSG_SIZE_TOO_LARGE"):
         asyncio.run(run())
     assert len(_read(kafka_conf, topic, 1)) >= 1
+
+
+def test_outputs_travel_compressed(
+    kafka_conf: dict[str, object], kafka_bootstrap: str, unique_topic: Callable[..., str]
+) -> None:
+    """Refined Arrow repeats each record's strings per row; the broker stores what the
+    producer compressed. A 64 KiB value of such rows fits a topic that refuses messages over
+    16 KiB only if it is compressed on the way."""
+    topic = unique_topic("compressed", config={"max.message.bytes": "16384"})
+    out = OutputProducer(KafkaSettings(bootstrap_servers=kafka_bootstrap), "test-outputs")
+    row = b"node0042|gpu3|gpu.sm_clock|MHz|d465fa88-c663-2a13-b682-b4521eb6456e|no_job;"
+    value = (row * (65536 // len(row) + 1))[:65536]
+    asyncio.run(out.publish([OutMessage(topic, b"node0042", value, [])]))
+    c = Consumer({**kafka_conf, "group.id": f"read-{topic}", "auto.offset.reset": "earliest"})
+    c.subscribe([topic])
+    got: list[bytes] = []
+    try:
+        for _ in range(120):
+            got += [m.value() or b"" for m in c.consume(10, 0.5) if m.error() is None]
+            if got:
+                break
+    finally:
+        c.close()
+    assert got == [value]
 
 
 def test_a_wait_ends_with_its_own_messages_while_another_agent_keeps_sending(
