@@ -48,6 +48,7 @@ from mode import CrashingSupervisor
 
 from services.detect.core import DetectCore, DetectTopics, Span, assigned_spans
 from services.detect.detector import Detector, Emitted
+from services.faust_app import App as FaustApp
 from services.settings import KafkaSettings
 from services.telemetry import ServiceTelemetry
 from services.worker.app import (
@@ -104,7 +105,7 @@ def build_detect_app(
     # non-zero), no wait for records in flight on a rebalance or a stop (not acked, so not
     # committed: read again), a bounded stream buffer (refined records are large). Input
     # topics are never declared; Faust declares only its own assignor topic.
-    app = faust.App(
+    app = FaustApp(
         cfg.group,
         broker=kafka.faust_broker(),
         broker_credentials=_credentials(kafka),

@@ -39,6 +39,7 @@ from mode import CrashingSupervisor
 from pipelines.enrich import TopologyIndex
 from pipelines.refine import RefineSettings
 from schemas.catalog import Catalog, default_catalog
+from services.faust_app import App as FaustApp
 from services.settings import KafkaSettings
 from services.telemetry import ServiceTelemetry
 from services.worker.feed import TopologyFeed
@@ -104,7 +105,7 @@ def build_app(
 ) -> faust.App:
     """A configured Faust app with the refining agents; run it with :func:`run_worker`."""
     cat = catalog or default_catalog()
-    app = faust.App(
+    app = FaustApp(
         cfg.app_id,
         broker=kafka.faust_broker(),
         broker_credentials=_credentials(kafka),

@@ -1,0 +1,48 @@
+"""The stream processors' Faust app builds its aiokafka consumer with a short fetch wait
+(see services.faust_app): Faust's own fixes 1.5 s, which held records of partitions left out
+of an in-flight fetch until the next exporter tick."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import faust
+
+from services.faust_app import FETCH_MAX_WAIT_MS, App
+from services.settings import KafkaSettings
+from services.telemetry import ServiceTelemetry
+from services.worker.app import WorkerConfig, build_app
+
+
+def _fetch_wait_ms(app: faust.App) -> int:
+    async def build() -> int:
+        thread: Any = getattr(app.consumer, "_thread")  # noqa: B009  (private: no stub)
+        consumer = thread._create_worker_consumer(app.transport)
+        wait = int(consumer._fetch_max_wait_ms)
+        await consumer.stop()  # never started: closes its client
+        return wait
+
+    return asyncio.run(build())
+
+
+def test_the_app_waits_at_most_the_short_fetch_wait_where_faust_waits_1500_ms(
+    tmp_path: Path,
+) -> None:
+    broker = "kafka://127.0.0.1:1"
+    plain = faust.App("plain", broker=broker, autodiscover=False, datadir=str(tmp_path / "a"))
+    assert _fetch_wait_ms(plain) == 1500
+    assert FETCH_MAX_WAIT_MS <= 100
+    ours = App("refinery", broker=broker, autodiscover=False, datadir=str(tmp_path / "b"))
+    assert _fetch_wait_ms(ours) == FETCH_MAX_WAIT_MS
+
+
+def test_the_worker_app_is_built_on_it(tmp_path: Path) -> None:
+    app = build_app(
+        KafkaSettings(bootstrap_servers="127.0.0.1:1"),
+        WorkerConfig(data_dir=tmp_path, web_port=None),
+        ServiceTelemetry("test"),
+    )
+    assert isinstance(app, App)
+    assert _fetch_wait_ms(app) == FETCH_MAX_WAIT_MS
