@@ -198,7 +198,7 @@ def _plan(
         behind and then measures the backlog, not the alerting path. The floor run's
         freshness is reported next to the other, and the half-load run's alert latency next
         to the floor run's (no goal: it shows what load does to it)."""
-        from services.bench.latency import bench_pipeline
+        from services.bench.latency import bench_pipeline, bench_worker_freshness
 
         out = []
         rate = worker_rate()
@@ -208,6 +208,11 @@ def _plan(
         if "freshness" in names:
             fresh, half_alert = bench_pipeline(k, rate, sizes.pipeline_s, sizes.incidents_per_kind)
             out.append(fresh)
+            for name, value, unit, note in bench_worker_freshness(k, rate, sizes.pipeline_s):
+                if name.endswith("_p99_s"):
+                    fresh.add(name, value, unit, "<=", 1.0, note=note)
+                else:
+                    fresh.add(name, value, unit, note=note)
             if "alert_latency" in names and rate is None:
                 return [fresh, half_alert]
         if "alert_latency" in names:

@@ -12,6 +12,10 @@ sized to about half the worker's measured maximum rate. Then:
   of a file first seen at wall time W became queryable at W; it reads their ``ts`` with DuckDB.
 - alert latency: LogAppendTime of the first firing alert matching an incident - the
   incident's true onset (simulator truth, in memory).
+
+:func:`bench_worker_freshness` repeats the refined-topic figures at the same load with the
+worker alone (and the broker): the setting of the freshness goal, where detect and the lander
+do not take the same two cores.
 """
 
 from __future__ import annotations
@@ -159,13 +163,52 @@ def _p(xs: list[float] | np.ndarray, q: float) -> float:
     return float(np.quantile(xs, q)) if len(xs) else math.nan
 
 
+def _half_load_nodes(worker_max_rate: float | None) -> tuple[float, int]:
+    """(the rate halved, nodes publishing about half of it)."""
+    rate = worker_max_rate if worker_max_rate and math.isfinite(worker_max_rate) else 30_000.0
+    return rate, max(8, min(400, round(0.5 * rate / SAMPLES_PER_NODE_S)))
+
+
+def bench_worker_freshness(
+    k: BenchKafka, worker_max_rate: float | None, seconds: int
+) -> list[tuple[str, float, str, str]]:
+    """Freshness to the refined topic with the worker alone (and the broker) on the machine,
+    at the load :func:`bench_pipeline` uses: the issue's own setting, and what the worker
+    adds when detect and the lander do not share its cores. Returns (name, value, unit,
+    note) figures for the freshness result."""
+    nodes = _half_load_nodes(worker_max_rate)[1]
+    prefix = k.fresh_topics()
+    worker = k.start_worker(prefix, name=f"{prefix}solo-worker")
+    k.wait("the worker joins", lambda: k.joined(prefix + "worker"), 120, [worker])
+    k.say(f"  worker alone: publishing {nodes} nodes (~{nodes * SAMPLES_PER_NODE_S:,} "
+          f"samples/s) for {seconds}s at speed 1")  # fmt: skip
+    sim = Simulation(Cluster.build(nodes), None, duration_ns=seconds * S)
+    from services.bench.harness import process_cpu_s
+
+    cpu0, wall0, box0 = process_cpu_s(worker.proc.pid), time.monotonic(), _machine_busy_s()
+    rep = publish(sim, k.kafka, sim_topics(prefix), None, speed=1.0, progress_cb=None)
+    raw = [prefix + t for t in ("telemetry.raw", "telemetry.events", "telemetry.collectives")]
+    k.wait("the worker drains", lambda: k.lag(prefix + "worker", raw) == 0, 180, [worker])
+    wall = time.monotonic() - wall0
+    cpu1, box1 = process_cpu_s(worker.proc.pid), _machine_busy_s()
+    worker.stop(30)
+    per_sample, newest = _refined_freshness(k, prefix)
+    busy = (box1 - box0) / wall if box0 is not None and box1 is not None else float("nan")
+    own = (cpu1 - cpu0) / wall if cpu0 is not None and cpu1 is not None else float("nan")
+    note = f"worker alone, {nodes} nodes; machine {busy:.2f} cores, worker {own:.2f}"
+    return [
+        ("worker_alone_publish_samples_per_s", rep.samples_per_s, "samples/s", note),
+        ("worker_alone_refined_p99_s", _p(per_sample, 0.99), "s", "per sample"),
+        ("worker_alone_refined_newest_p99_s", _p(newest, 0.99), "s", "newest sample per record"),
+    ]
+
+
 def bench_pipeline(
     k: BenchKafka, worker_max_rate: float | None, seconds: int, incidents_per_kind: int
 ) -> tuple[BenchResult, BenchResult]:
     """Run the pipeline once; returns (freshness, alert_latency). Blocks for the run."""
     fresh, alert = BenchResult("freshness"), BenchResult("alert_latency")
-    rate = worker_max_rate if worker_max_rate and math.isfinite(worker_max_rate) else 30_000.0
-    nodes = max(8, min(400, round(0.5 * rate / SAMPLES_PER_NODE_S)))
+    rate, nodes = _half_load_nodes(worker_max_rate)
     prefix = k.fresh_topics()
     lake = k.workdir / f"{prefix}lake"
     worker = k.start_worker(prefix, name=f"{prefix}pipe-worker")
