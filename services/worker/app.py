@@ -267,12 +267,14 @@ def build_app(
                 # librdkafka sends a chunk's outputs while the next chunk is refined
                 sent.append(await outputs.enqueue(pending))
                 await asyncio.sleep(0)  # let heartbeats and fetches run
-            await outputs.wait(sent)  # outputs acknowledged first
+            # the group's state is encoded while its outputs are on their way (nothing else
+            # changes this refiner's state meanwhile) and sent only once they are acknowledged
             streams, nodes = proc.dirty_blobs()
             changelog = [_put(stream_table, last_for[k], k, b) for k, b in streams.items()]
             if node_table is not None:
                 changelog += [_put(node_table, last_for["node:" + n], n, b)
                               for n, b in nodes.items()]  # fmt: skip
+            await outputs.wait(sent)  # outputs acknowledged first
             await outputs.publish(changelog)  # then the state; run_groups acks the group after
         progress.groups += 1
         progress.records += len(events)
