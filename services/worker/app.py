@@ -40,6 +40,7 @@ from pipelines.enrich import TopologyIndex
 from pipelines.refine import RefineSettings
 from schemas.catalog import Catalog, default_catalog
 from services.faust_app import App as FaustApp
+from services.gc_pacer import GcPacer
 from services.settings import KafkaSettings
 from services.telemetry import ServiceTelemetry
 from services.worker.feed import TopologyFeed
@@ -76,6 +77,7 @@ class WorkerConfig:
     take_within_s: float = 0.05
     refine_chunk: int = 100  # records refined in one call (one vectorized pass per wave)
     stall_after_s: float = 30.0
+    gc_settle_every_s: float = 600.0  # full garbage collections on this schedule (GcPacer)
     refine: RefineSettings = field(default_factory=lambda: RefineSettings(seq_window=512))
 
 
@@ -185,6 +187,7 @@ def build_app(
 
     last_offset: dict[tuple[str, int], int] = {}  # per input partition, this assignment
     commits = CommitWatch(kafka.librdkafka(), cfg.app_id)  # the group's committed offsets
+    gc_pacer = GcPacer(cfg.gc_settle_every_s)  # first after the first group: the process is warm
 
     async def with_skipped(chunk: list[Any]) -> tuple[list[Any], list[RawRecord]]:
         """The chunk's records, preceded where a partition's offsets jump by the records in
@@ -279,6 +282,10 @@ def build_app(
         progress.groups += 1
         progress.records += len(events)
         progress.last_group_done = time.monotonic()
+        if gc_pacer.maybe():  # between groups: the one full collection it takes
+            telemetry.record("worker.gc_settle_s", gc_pacer.last_pause_s, unit="s")
+            log.info("heap settled in %.3f s: %d objects frozen", gc_pacer.last_pause_s,
+                     gc_pacer.frozen)  # fmt: skip
 
     @app.agent(
         raw_topic(cfg.inputs.raw, cfg.raw_partitions), supervisor_strategy=CrashingSupervisor
