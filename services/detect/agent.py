@@ -49,6 +49,7 @@ from mode import CrashingSupervisor
 from services.detect.core import DetectCore, DetectTopics, Span, assigned_spans
 from services.detect.detector import Detector, Emitted
 from services.faust_app import App as FaustApp
+from services.gc_pacer import GcPacer
 from services.settings import KafkaSettings
 from services.telemetry import ServiceTelemetry
 from services.worker.app import (
@@ -77,6 +78,7 @@ class DetectConfig:
     tick_s: float = 1.0
     warmup_stall_s: float = 60.0  # warm-up reads nothing this long: crash
     stall_after_s: float = 30.0  # /health: a group in flight this long is unhealthy
+    gc_settle_every_s: float = 600.0  # full garbage collections on this schedule (GcPacer)
 
 
 @dataclass
@@ -128,6 +130,7 @@ def build_detect_app(
     feed = TopologyFeed(conf, topics.topology, topics.jobs)
     state = _State()
     progress = Progress()
+    gc_pacer = GcPacer(cfg.gc_settle_every_s)  # first after the first group
     lock = asyncio.Lock()  # one user of the detector at a time, outputs in order
     ready = asyncio.Event()  # set while no warm-up is under way
     inputs = set(topics.inputs)
@@ -192,6 +195,8 @@ def build_detect_app(
                 progress.groups += 1
                 progress.records += len(events)
                 progress.last_group_done = state.last_data = time.monotonic()
+                if gc_pacer.maybe():  # between groups: the one full collection it takes
+                    telemetry.record("detect.gc_settle_s", gc_pacer.last_pause_s, unit="s")
 
     def warm_up(parts: list[tuple[str, int]], keep: list[int]) -> tuple[list[Span], Emitted]:
         """Read the warm-up spans of ``parts`` into the detector (blocking: runs in a
