@@ -164,7 +164,7 @@ def _p(xs: list[float] | np.ndarray, q: float) -> float:
 
 
 def _half_load_nodes(worker_max_rate: float | None) -> tuple[float, int]:
-    """(the rate halved, nodes publishing about half of it)."""
+    """(the maximum rate used, 30 k samples/s if unmeasured; nodes publishing about half)."""
     rate = worker_max_rate if worker_max_rate and math.isfinite(worker_max_rate) else 30_000.0
     return rate, max(8, min(400, round(0.5 * rate / SAMPLES_PER_NODE_S)))
 
