@@ -175,7 +175,7 @@ def derive_rates_group(
     st = pa.concat_tables(st_parts) if k > 1 else st_parts[0]
     st_counts = np.array([t.num_rows for t in st_parts], dtype=np.int64)
     st_sid = np.repeat(np.arange(k, dtype=np.int64), st_counts)
-    front = _front_from_layouts(table, ts, parts, starts, st_counts) if all(fits) else None
+    front = _front_from_layouts(table, ts, parts, starts, st_counts, st_sid) if all(fits) else None
     if front is None:
         s, names, st_g, sidx = _front(table, ts, cmask, k, counts, st, st_sid)
     else:
@@ -291,7 +291,12 @@ def _front(
 
 
 def _front_from_layouts(
-    table: pa.Table, ts: Array, parts: list[CounterPart], starts: Any, st_counts: Any
+    table: pa.Table,
+    ts: Array,
+    parts: list[CounterPart],
+    starts: Any,
+    st_counts: Any,
+    st_sid: Any,
 ) -> tuple[pa.Table, Array, Array, Array] | None:
     """What :func:`_front` returns, from every stream's :class:`CounterLayout` (each matched
     its batch and its state): the series names are the states' keys, so a row's series is
@@ -309,7 +314,6 @@ def _front_from_layouts(
     if (same & back).any():
         return None
     names = pa.concat_arrays([x.names for x in lays]) if len(lays) > 1 else lays[0].names
-    st_sid = np.repeat(np.arange(len(parts), dtype=np.int64), st_counts)
     st_g = pa.array(st_sid * _SID + np.arange(int(offsets[-1]), dtype=np.int64))
     s = _rows(table, ts, pa.array(pos), sid * _SID + code, sid)
     for x in lays:

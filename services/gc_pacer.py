@@ -18,8 +18,11 @@ thread that refines; the pause it takes (one full collection) is reported.
 from __future__ import annotations
 
 import gc
+import logging
 import time
 from collections.abc import Callable
+
+log = logging.getLogger(__name__)
 
 
 class GcPacer:
@@ -53,3 +56,4 @@ class GcPacer:
         self.frozen = gc.get_freeze_count()
         self.settles += 1
         self._next = self._clock() + self.every_s
+        log.info("heap settled in %.3f s: %d objects frozen", self.last_pause_s, self.frozen)

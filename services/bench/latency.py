@@ -170,12 +170,12 @@ def _half_load_nodes(worker_max_rate: float | None) -> tuple[float, int]:
 
 
 def bench_worker_freshness(
-    k: BenchKafka, worker_max_rate: float | None, seconds: int
-) -> list[tuple[str, float, str, str]]:
+    k: BenchKafka, worker_max_rate: float | None, seconds: int, fresh: BenchResult
+) -> None:
     """Freshness to the refined topic with the worker alone (and the broker) on the machine,
     at the load :func:`bench_pipeline` uses: the issue's own setting, and what the worker
-    adds when detect and the lander do not share its cores. Returns (name, value, unit,
-    note) figures for the freshness result."""
+    adds when detect and the lander do not share its cores. Adds its figures to ``fresh``
+    (the pipeline run's freshness result)."""
     nodes = _half_load_nodes(worker_max_rate)[1]
     prefix = k.fresh_topics()
     worker = k.start_worker(prefix, name=f"{prefix}solo-worker")
@@ -196,11 +196,11 @@ def bench_worker_freshness(
     busy = (box1 - box0) / wall if box0 is not None and box1 is not None else float("nan")
     own = (cpu1 - cpu0) / wall if cpu0 is not None and cpu1 is not None else float("nan")
     note = f"worker alone, {nodes} nodes; machine {busy:.2f} cores, worker {own:.2f}"
-    return [
-        ("worker_alone_publish_samples_per_s", rep.samples_per_s, "samples/s", note),
-        ("worker_alone_refined_p99_s", _p(per_sample, 0.99), "s", "per sample"),
-        ("worker_alone_refined_newest_p99_s", _p(newest, 0.99), "s", "newest sample per record"),
-    ]
+    fresh.add("worker_alone_publish_samples_per_s", rep.samples_per_s, "samples/s", note=note)
+    fresh.add("worker_alone_refined_p99_s", _p(per_sample, 0.99), "s", "<=", 1.0,
+              note="per sample")  # fmt: skip
+    fresh.add("worker_alone_refined_newest_p99_s", _p(newest, 0.99), "s", "<=", 1.0,
+              note="newest sample per record")  # fmt: skip
 
 
 def bench_pipeline(

@@ -284,8 +284,6 @@ def build_app(
         progress.last_group_done = time.monotonic()
         if gc_pacer.maybe():  # between groups: the one full collection it takes
             telemetry.record("worker.gc_settle_s", gc_pacer.last_pause_s, unit="s")
-            log.info("heap settled in %.3f s: %d objects frozen", gc_pacer.last_pause_s,
-                     gc_pacer.frozen)  # fmt: skip
 
     @app.agent(
         raw_topic(cfg.inputs.raw, cfg.raw_partitions), supervisor_strategy=CrashingSupervisor
