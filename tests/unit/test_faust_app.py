@@ -46,3 +46,6 @@ def test_the_worker_app_is_built_on_it(tmp_path: Path) -> None:
     )
     assert isinstance(app, App)
     assert _fetch_wait_ms(app) == FETCH_MAX_WAIT_MS
+    # the app's output producer (librdkafka) would keep dialling the unreachable broker and
+    # logging it for the rest of the session: drop the only reference, which destroys it
+    del app.refinery_outputs  # type: ignore[attr-defined]
