@@ -75,7 +75,7 @@ class WorkerConfig:
     # to the event loop between chunks (heartbeats run in the consumer's own thread).
     take_max: int = 600
     take_within_s: float = 0.05
-    refine_chunk: int = 100  # records refined in one call (one vectorized pass per wave)
+    refine_chunk: int = 300  # records refined in one call (one vectorized pass per wave)
     stall_after_s: float = 30.0
     gc_settle_every_s: float = 600.0  # full garbage collections on this schedule (GcPacer)
     refine: RefineSettings = field(default_factory=lambda: RefineSettings(seq_window=512))
