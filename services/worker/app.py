@@ -12,7 +12,8 @@ Per group of records (``noack_take``): process each, publish the outputs and wai
 acknowledgements, write the changed state to the tables and wait for its changelog records
 to be acknowledged too (sent by the same librdkafka producer as the outputs) — only then
 are the records acked, so Faust may commit their offsets; a group that failed is never
-acked. So a crash anywhere replays records whose outputs were either never published
+acked. That end of a group runs while the next group is refined (the ends one at a time, in
+order). So a crash anywhere replays records whose outputs were either never published
 (recomputed identically from the older state) or already published and remembered in the
 state (skipped as ``replay``).
 
@@ -28,7 +29,7 @@ import contextlib
 import logging
 import time
 import weakref
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Coroutine, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -97,6 +98,34 @@ class Progress:
         if busy and time.monotonic() - self.last_group_started > stall_after_s:
             return False
         return self.commit_stalled_s <= stall_after_s
+
+
+class GroupEnds:
+    """The ends of refined groups still in flight (see ``run_groups`` in :func:`build_app`).
+    A failed end is kept in :attr:`error` for a caller that is not awaiting it (the worker's
+    watch timer raises it when no next group comes to do so)."""
+
+    def __init__(self, settle_s: float) -> None:
+        self.settle_s = settle_s
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.error: BaseException | None = None
+
+    def start(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._done)
+        return task
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None and self.error is None:
+            self.error = task.exception()
+
+    async def settle(self) -> None:
+        """Wait (at most ``settle_s``) for every end in flight; failures stay in :attr:`error`
+        and with their own awaiters."""
+        if self._tasks:
+            await asyncio.wait(set(self._tasks), timeout=self.settle_s)
 
 
 def build_app(
@@ -188,6 +217,7 @@ def build_app(
     last_offset: dict[tuple[str, int], int] = {}  # per input partition, this assignment
     commits = CommitWatch(kafka.librdkafka(), cfg.app_id)  # the group's committed offsets
     gc_pacer = GcPacer(cfg.gc_settle_every_s)  # first after the first group: the process is warm
+    ends = GroupEnds(settle_s=40.0)  # longer than the output producer's deadline
 
     async def with_skipped(chunk: list[Any]) -> tuple[list[Any], list[RawRecord]]:
         """The chunk's records, preceded where a partition's offsets jump by the records in
@@ -238,16 +268,32 @@ def build_app(
         # processing it failed, and this process would then commit records whose outputs the
         # broker never acknowledged. Here a group is acked only once it is done; a failed
         # one stays uncommitted and the next owner replays it.
+        # A group's end (outputs acknowledged, then its state, then its acks) runs while the
+        # next group is refined: the refining thread no longer sits idle through two broker
+        # round trips per group. The ends run one at a time, in group order.
+        ending: asyncio.Task[None] | None = None
         async with manual_acks(stream, cfg.take_max, cfg.take_within_s) as groups:
-            async for events in groups:
-                await refine_group(events, proc, stream_table, node_table)
-                for ev in events:
-                    await stream.ack(ev)
-                yield None
+            try:
+                async for events in groups:
+                    end = await refine_group(events, proc, stream_table, node_table)
+                    if ending is not None:
+                        await ending  # the previous group's end; raises its failure here
+                    ending = ends.start(acked(stream, events, end))
+                    yield None
+            finally:
+                if ending is not None:  # a stop or a crash lets the last group end first
+                    await ends.settle()
+
+    async def acked(stream: Any, events: list[Any], end: Coroutine[Any, Any, None]) -> None:
+        await end
+        for ev in events:
+            await stream.ack(ev)
 
     async def refine_group(
         events: list[Any], proc: Refiner, stream_table: Any, node_table: Any | None
-    ) -> None:
+    ) -> Coroutine[Any, Any, None]:
+        """Refine a group and hand its outputs to the producer; returns the coroutine that
+        ends the group: wait for the outputs' acknowledgements, then write the state."""
         progress.last_group_started = time.monotonic()
         if not progress.groups and not feed.wait_caught_up(0):
             # the first group waits for the topology and jobs to be read whole: no sample is
@@ -270,20 +316,24 @@ def build_app(
                 # librdkafka sends a chunk's outputs while the next chunk is refined
                 sent.append(await outputs.enqueue(pending))
                 await asyncio.sleep(0)  # let heartbeats and fetches run
-            # the group's state is encoded while its outputs are on their way (nothing else
-            # changes this refiner's state meanwhile) and sent only once they are acknowledged
+            # the group's state is encoded now (the next group changes this refiner's state)
+            # and sent only once its outputs are acknowledged
             streams, nodes = proc.dirty_blobs()
             changelog = [_put(stream_table, last_for[k], k, b) for k, b in streams.items()]
             if node_table is not None:
                 changelog += [_put(node_table, last_for["node:" + n], n, b)
                               for n, b in nodes.items()]  # fmt: skip
-            await outputs.wait(sent)  # outputs acknowledged first
-            await outputs.publish(changelog)  # then the state; run_groups acks the group after
         progress.groups += 1
         progress.records += len(events)
         progress.last_group_done = time.monotonic()
         if gc_pacer.maybe():  # between groups: the one full collection it takes
             telemetry.record("worker.gc_settle_s", gc_pacer.last_pause_s, unit="s")
+
+        async def end() -> None:
+            await outputs.wait(sent)  # outputs acknowledged first
+            await outputs.publish(changelog)  # then the state; the caller acks the group after
+
+        return end()
 
     @app.agent(
         raw_topic(cfg.inputs.raw, cfg.raw_partitions), supervisor_strategy=CrashingSupervisor
@@ -309,7 +359,10 @@ def build_app(
 
     @app.on_partitions_revoked.connect  # type: ignore[arg-type]
     async def on_revoked(app_: Any, revoked: Any, **kwargs: Any) -> None:
-        # another worker may own these now: state must come back from the tables
+        # another worker may own these now: the groups refined so far end first (outputs,
+        # state, acks), so that their offsets commit now and none of them is replayed there
+        await ends.settle()
+        # state must come back from the tables
         refiner.forget()
         aligner.forget()
         last_offset.clear()  # the next assignment starts from the committed offsets
@@ -332,6 +385,8 @@ def build_app(
     async def watch() -> None:
         if feed.error is not None:
             raise RuntimeError(f"topology feed failed: {feed.error}")
+        if ends.error is not None:  # a group's end failed and no next group came to raise it
+            raise RuntimeError(f"a refined group did not end: {ends.error}")
         owned = [(tp.topic, tp.partition) for tp in app.consumer.assignment()
                  if tp.topic in inputs]  # fmt: skip
         try:
