@@ -277,7 +277,11 @@ def build_app(
                 async for events in groups:
                     end = await refine_group(events, proc, stream_table, node_table)
                     if ending is not None:
-                        await ending  # the previous group's end; raises its failure here
+                        try:
+                            await ending  # the previous group's end; raises its failure here
+                        except BaseException:
+                            end.close()  # this group's end never starts: its records stay unacked
+                            raise
                     ending = ends.start(acked(stream, events, end))
                     yield None
             finally:
