@@ -187,10 +187,16 @@ def _conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
     """Cast to the payload schema; missing nullable columns become NULL, extra ones are dropped."""
     if table.num_rows > MAX_ROWS:
         raise RejectedInput(Reason.OVERSIZED, f"{table.num_rows} rows > {MAX_ROWS}")
+    plan = _plan(schema)
+    if table.schema.equals(schema):  # what exporters send: no column to find, cast or add
+        for pos, (name, _, nullable, is_string) in enumerate(plan):
+            if is_string or not nullable:
+                _check_column(name, table.column(pos), nullable, is_string)
+        return table.replace_schema_metadata(None)
     have = {name: i for i, name in enumerate(table.schema.names)}
     types = table.schema.types
     cols = []
-    for name, typ, nullable, is_string in _plan(schema):
+    for name, typ, nullable, is_string in plan:
         i = have.get(name)
         if i is not None:
             col = table.column(i)
@@ -205,22 +211,25 @@ def _conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
                     raise RejectedInput(
                         Reason.SCHEMA_MISMATCH, f"column {name}: {col_type} is not {typ}"
                     ) from e
-            if not nullable and col.null_count:
-                raise RejectedInput(Reason.SCHEMA_MISMATCH, f"column {name} has nulls")
-            # no string can be longer than all the column's buffers: skip the scan when small
-            if is_string and col.get_total_buffer_size() > MAX_STRING_BYTES:
-                longest = pc.max(pc.binary_length(col)).as_py() or 0
-                if longest > MAX_STRING_BYTES:
-                    raise RejectedInput(
-                        Reason.OVERSIZED,
-                        f"column {name}: a {longest}-byte string > {MAX_STRING_BYTES}",
-                    )
+            _check_column(name, col, nullable, is_string)
         elif nullable:
             col = pa.nulls(table.num_rows, typ)
         else:
             raise RejectedInput(Reason.SCHEMA_MISMATCH, f"column {name} is missing")
         cols.append(col)
     return pa.Table.from_arrays(cols, schema=schema)
+
+
+def _check_column(name: str, col: Any, nullable: bool, is_string: bool) -> None:
+    if not nullable and col.null_count:
+        raise RejectedInput(Reason.SCHEMA_MISMATCH, f"column {name} has nulls")
+    # no string can be longer than all the column's buffers: skip the scan when small
+    if is_string and col.get_total_buffer_size() > MAX_STRING_BYTES:
+        longest = pc.max(pc.binary_length(col)).as_py() or 0
+        if longest > MAX_STRING_BYTES:
+            raise RejectedInput(
+                Reason.OVERSIZED, f"column {name}: a {longest}-byte string > {MAX_STRING_BYTES}"
+            )
 
 
 def _decode_json(body: bytes) -> Batch:

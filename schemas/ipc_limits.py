@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import struct
 
+import numpy as np
 import pyarrow as pa
 
 from schemas.errors import RejectedInput
@@ -94,21 +95,28 @@ def _allocation(batch: _Table, body: pa.Buffer | None) -> int:
     if count > MAX_BUFFERS:
         raise RejectedInput(Reason.OVERSIZED, f"{count} buffers in one record batch")
     body_size = body.size if body is not None else 0
-    total = 0
-    for i in range(count):
-        offset, length = struct.unpack_from("<qq", batch.data, start + 16 * i)
-        if offset < 0 or length < 0 or offset + length > body_size:
-            raise _bad(f"buffer {i} outside the {body_size}-byte body")
-        if compressed and length >= 8:
-            assert body is not None
-            declared = struct.unpack("<q", body.slice(offset, 8).to_pybytes())[0]
-            size = length - 8 if declared == -1 else declared
-            if size < 0:
-                raise _bad(f"buffer {i} declares {declared} bytes")
-            total += size
-        else:
-            total += length
-    return total
+    # the buffer table, (offset, length) pairs of little-endian int64, read in one go
+    spans = np.frombuffer(batch.data, dtype="<i8", count=2 * count, offset=start).reshape(-1, 2)
+    offset, length = spans[:, 0], spans[:, 1]
+    outside = (offset < 0) | (length < 0) | (offset > body_size - length)
+    if outside.any():
+        raise _bad(f"buffer {int(np.argmax(outside))} outside the {body_size}-byte body")
+    if not compressed:
+        return int(length.sum())
+    sizes = length.copy()
+    prefixed = np.flatnonzero(length >= 8)  # a compressed buffer starts with its decoded size
+    if len(prefixed):
+        assert body is not None
+        raw = np.frombuffer(body, dtype=np.uint8)
+        at = offset[prefixed][:, None] + np.arange(8)
+        declared = np.ascontiguousarray(raw[at]).view("<i8")[:, 0]
+        bad = declared < -1
+        if bad.any():
+            first = int(np.argmax(bad))
+            raise _bad(f"buffer {int(prefixed[first])} declares {int(declared[first])} bytes")
+        sizes[prefixed] = np.where(declared == -1, length[prefixed] - 8, declared)
+    # any one buffer over 2**40 bytes is over every bound: clipped, the sum cannot wrap
+    return int(np.minimum(sizes, 1 << 40).sum())
 
 
 def check_ipc_stream(buf: pa.Buffer, *, max_rows: int, max_decoded_bytes: int) -> None:

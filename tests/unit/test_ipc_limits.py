@@ -1,0 +1,94 @@
+"""The IPC bound check on hand-altered streams: a compressed buffer's declared size, a
+buffer outside its body, and the exact decoded size it adds up (checked against pyarrow)."""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from schemas.errors import RejectedInput
+from schemas.ipc_limits import _allocation, _batch_of, check_ipc_stream
+from schemas.reasons import Reason
+
+
+def _stream(compression: str | None) -> bytes:
+    n = 5000
+    t = pa.table({"x": np.arange(n, dtype=np.int64), "s": [f"v{i % 7}" for i in range(n)]})
+    sink = pa.BufferOutputStream()
+    opts = pa.ipc.IpcWriteOptions(compression=compression)
+    with pa.ipc.new_stream(sink, t.schema, options=opts) as w:
+        w.write_table(t)
+    return bytes(sink.getvalue())
+
+
+def _batch(data: bytes) -> tuple[pa.ipc.Message, int]:
+    """The record batch message of ``data`` and where its body starts in ``data``."""
+    reader = pa.ipc.MessageReader.open_stream(pa.py_buffer(data))
+    while True:
+        msg = reader.read_next_message()
+        if msg.type == "record batch":
+            body = msg.body.to_pybytes()
+            return msg, data.rindex(body)
+
+
+def _spans(msg: pa.ipc.Message) -> list[tuple[int, int]]:
+    batch = _batch_of(msg.metadata.to_pybytes())
+    assert batch is not None
+    start, count = batch.vector(2, 16)
+    return [struct.unpack_from("<qq", batch.data, start + 16 * i) for i in range(count)]
+
+
+@pytest.mark.parametrize("compression", [None, "lz4", "zstd"])
+def test_allocation_is_what_pyarrow_allocates(compression: str | None) -> None:
+    data = _stream(compression)
+    msg, _ = _batch(data)
+    batch = _batch_of(msg.metadata.to_pybytes())
+    assert batch is not None
+    decoded = pa.ipc.open_stream(pa.py_buffer(data)).read_next_batch()
+    buffers = sum(b.size for col in decoded.columns for b in col.buffers() if b is not None)
+    got = _allocation(batch, msg.body)
+    if compression is None:
+        assert got == msg.body.size - sum(-length % 8 for _, length in _spans(msg))
+    else:
+        assert got == buffers  # the declared sizes are the decoded buffers
+        assert got > msg.body.size  # and more than the compressed body
+
+
+def test_a_declared_size_below_minus_one_is_undecodable() -> None:
+    data = bytearray(_stream("lz4"))
+    msg, at = _batch(bytes(data))
+    offset = next(o for o, length in _spans(msg) if length >= 8)
+    data[at + offset : at + offset + 8] = struct.pack("<q", -5)
+    with pytest.raises(RejectedInput) as e:
+        check_ipc_stream(pa.py_buffer(bytes(data)), max_rows=10**6, max_decoded_bytes=1 << 30)
+    assert e.value.reason is Reason.UNDECODABLE and "declares -5 bytes" in str(e.value)
+
+
+def test_a_huge_declared_size_is_oversized_without_wrapping() -> None:
+    data = bytearray(_stream("zstd"))
+    msg, at = _batch(bytes(data))
+    for offset, length in _spans(msg):
+        if length >= 8:  # every buffer claims 2**62 bytes: summed in int64 that would wrap
+            data[at + offset : at + offset + 8] = struct.pack("<q", 1 << 62)
+    with pytest.raises(RejectedInput) as e:
+        check_ipc_stream(pa.py_buffer(bytes(data)), max_rows=10**6, max_decoded_bytes=1 << 30)
+    assert e.value.reason is Reason.OVERSIZED
+
+
+def test_a_buffer_outside_the_body_is_undecodable() -> None:
+    data = _stream(None)
+    msg, _ = _batch(data)
+    meta = bytearray(msg.metadata.to_pybytes())
+    batch = _batch_of(bytes(meta))
+    assert batch is not None
+    start, count = batch.vector(2, 16)
+    last = start + 16 * (count - 1)
+    struct.pack_into("<q", meta, last, msg.body.size)  # the last buffer starts at the end
+    altered = _batch_of(bytes(meta))
+    assert altered is not None
+    with pytest.raises(RejectedInput) as e:
+        _allocation(altered, msg.body)
+    assert e.value.reason is Reason.UNDECODABLE and f"buffer {count - 1} outside" in str(e.value)
