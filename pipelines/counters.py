@@ -39,7 +39,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipelines._arrow import Array, any_true, column, nxt, prev, true_mask, where
+from pipelines._arrow import Array, any_true, column, nxt, prev, take, true_mask, where
 from pipelines.validate import BITMASK, COUNTER, ENUM, lookup
 from schemas.catalog import Catalog, Kind, Metric
 from schemas.reasons import NullReason
@@ -183,13 +183,13 @@ def derive_rates_group(
     gg, tt, ss = column(s, "g"), column(s, "ts"), column(s, "src")
     dup_ts = true_mask(pc.and_(pc.equal(gg, prev(gg)), pc.equal(ss, prev(ss))))
     sorted_rows = s  # before the late rows leave: what a layout remembers
-    st_raw = pc.take(column(st, "raw"), sidx)
-    st_ts = pc.take(column(st, "ts"), sidx)
-    st_src = pc.take(column(st, "src"), sidx)
+    st_raw = take(column(st, "raw"), sidx)  # sidx: index_in over the state rows
+    st_ts = take(column(st, "ts"), sidx)
+    st_src = take(column(st, "src"), sidx)
     boots = pa.array([p.boot_id for p in parts], pa.string())
     # the boot comparison once per state series (a row of the batch takes its series' answer)
-    st_same = pc.equal(column(st, "boot"), pc.take(boots, pa.array(st_sid)))
-    same_boot = true_mask(pc.take(st_same, sidx))
+    st_same = pc.equal(column(st, "boot"), take(boots, pa.array(st_sid)))
+    same_boot = true_mask(take(st_same, sidx))
     # out of order: not after the last accepted reading on the source's clock *and* on the
     # common one (either alone moves when a clock is stepped or its estimate is revised)
     behind = pc.and_(true_mask(pc.less_equal(ss, st_src)), true_mask(pc.less_equal(tt, st_ts)))
@@ -228,10 +228,10 @@ def derive_rates_group(
     codes = pa.array(column(last, "g").to_numpy() % _SID)
     upd = pa.table(
         {
-            "key": pc.take(names, codes),
+            "key": take(names, codes),
             "raw": column(last, "raw"),
             "ts": column(last, "ts"),
-            "boot": pc.take(boots, upd_sid),
+            "boot": take(boots, upd_sid),
             "src": column(last, "src"),
             "sid": upd_sid,
         }
@@ -258,13 +258,16 @@ def derive_rates_group(
     idx = pa.array(slot, mask=slot < 0)
     late_rows = np.zeros(n, dtype=bool)
     late_rows[late_pos.to_numpy()] = True
-    computed_reason = pc.take(reason.cast(pa.string()), idx)
+    if reason.null_count == len(reason):  # no reset, saturation or first sample
+        reason_out = null_reason
+    else:
+        reason_out = pc.coalesce(null_reason, take(reason.cast(pa.string()), idx))
     cols = CounterColumns(
-        delta=pc.take(delta.cast(pa.float64()), idx),
-        rate=pc.take(rate.cast(pa.float64()), idx),
-        reset=pc.fill_null(pc.take(reset.cast(pa.bool_()), idx), False),
+        delta=take(delta.cast(pa.float64()), idx),  # idx: positions in the computed rows
+        rate=take(rate.cast(pa.float64()), idx),
+        reset=pc.fill_null(take(reset.cast(pa.bool_()), idx), False),
         late=pa.array(late_rows),
-        null_reason=pc.coalesce(null_reason, computed_reason),
+        null_reason=reason_out,
     )
     return cols, states
 
@@ -328,12 +331,12 @@ def _rows(table: pa.Table, ts: Array, pos: Array, g: Any, sid: Any) -> pa.Table:
             "pos": pos,
             "g": pa.array(g),
             "sid": pa.array(sid),
-            "ts": pc.take(ts, pos),
-            "src": pc.take(column(table, "ts_ns"), pos),
-            "raw": pc.take(column(table, "raw"), pos),
-            "max": pc.take(column(table, "max_raw"), pos),
-            "sat": pc.take(column(table, "saturate"), pos),
-            "scale": pc.take(column(table, "scale"), pos),
+            "ts": take(ts, pos),  # pos: rows of this table
+            "src": take(column(table, "ts_ns"), pos),
+            "raw": take(column(table, "raw"), pos),
+            "max": take(column(table, "max_raw"), pos),
+            "sat": take(column(table, "saturate"), pos),
+            "scale": take(column(table, "scale"), pos),
         }
     )
 
@@ -394,6 +397,8 @@ def _deltas(
         no_delta, _NULL_F64, pc.multiply(pc.cast(d, pa.float64(), safe=False), scale)
     )
     rate = pc.divide(delta, pc.divide(pc.cast(elapsed_ns, pa.float64()), 1e9))
+    if not (any_true(reset) or any_true(saturated)) and has_prev.false_count == 0:
+        return delta, rate, reset, pa.nulls(len(cur), pa.string())  # the steady state
     reason = pc.if_else(
         reset,
         NullReason.RESET.value,

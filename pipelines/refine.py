@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipelines._arrow import column, true_mask
+from pipelines._arrow import column, take, true_mask
 from pipelines.clock import ClockEstimate, ClockEstimator, ClockSettings, align
 from pipelines.counters import (
     CounterLayout,
@@ -373,8 +373,20 @@ def _repeat(values: list[Any], counts: Any, typ: pa.DataType) -> Any:
     """``values[j]`` repeated ``counts[j]`` times, as one array."""
     if len(values) == 1:
         return pa.repeat(pa.scalar(values[0], typ), int(counts[0]))
+    if typ == pa.string() and all(isinstance(v, str) for v in values):
+        # the bytes of each run written once, no per-row take
+        data = [v.encode() for v in values]
+        size = int(np.dot(np.fromiter(map(len, data), np.int64, len(data)), counts))
+        if size < 2**31:
+            lens = np.fromiter(map(len, data), np.int32, len(data))
+            offsets = np.zeros(int(np.sum(counts)) + 1, np.int32)
+            np.cumsum(np.repeat(lens, counts), out=offsets[1:])
+            body = b"".join([d * int(c) for d, c in zip(data, counts, strict=True)])
+            return pa.StringArray.from_buffers(
+                len(offsets) - 1, pa.py_buffer(offsets), pa.py_buffer(body)
+            )
     idx = np.repeat(np.arange(len(values), dtype=np.int32), counts)
-    return pc.take(pa.array(values, typ), pa.array(idx))
+    return take(pa.array(values, typ), pa.array(idx))
 
 
 def _align_rows(ts_source: Any, clocks: list[ClockEstimate], counts: Any) -> tuple[Any, Any]:

@@ -44,7 +44,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipelines._arrow import Array, any_true, column, true_mask, where
+from pipelines._arrow import Array, any_true, column, take, true_mask, where
 from schemas.catalog import Catalog, Kind, Metric, Overflow
 from schemas.reasons import NullReason, Reason
 
@@ -159,7 +159,7 @@ def _per_metric(metrics: list[Metric | None], idx: Array) -> dict[str, Array]:
     """Catalog attributes per distinct metric, broadcast to rows with one ``take`` each."""
 
     def bcast(values: list[Any], typ: pa.DataType) -> Array:
-        return pc.take(pa.array(values, typ), idx)
+        return take(pa.array(values, typ), idx)  # idx: codes of the metrics' dictionary
 
     return {
         "known": bcast([m is not None for m in metrics], pa.bool_()),
