@@ -260,6 +260,8 @@ def derive_rates_group(
     late_rows[late_pos.to_numpy()] = True
     if reason.null_count == len(reason):  # no reset, saturation or first sample
         reason_out = null_reason
+    elif null_reason.null_count == len(null_reason):  # no sentinel
+        reason_out = take(reason.cast(pa.string()), idx)
     else:
         reason_out = pc.coalesce(null_reason, take(reason.cast(pa.string()), idx))
     cols = CounterColumns(

@@ -259,7 +259,11 @@ def _layout(
     lay.attr = _per_metric(lay.metrics, lay.idx)
     lay.is_counter = true_mask(pc.equal(lay.attr["kind"], COUNTER))
     lay.unknown = pc.invert(lay.attr["known"])
-    dev_len = pc.utf8_length(device)
+    # characters never outnumber bytes: only a device of more bytes than the limit needs
+    # its characters counted
+    dev_len = pc.binary_length(device)
+    if any_true(pc.greater(dev_len, limits.max_device_len)):
+        dev_len = pc.utf8_length(device)
     lay.bad_device = pc.or_(pc.equal(dev_len, 0), pc.greater(dev_len, limits.max_device_len))
     lay.row_index = pa.array(np.arange(len(metric), dtype=np.int64))
     return lay

@@ -128,3 +128,16 @@ def test_every_row_is_accepted_or_rejected_exactly_once(rows: list[dict[str, obj
     assert sorted(seen) == list(range(len(rows)))
     assert len({r.reason for r in v.rejected}) == len(v.rejected)
     assert all(r.reason in Reason for r in v.rejected)
+
+
+def test_device_length_is_counted_in_characters_not_bytes() -> None:
+    t = table(
+        [
+            row(device="é" * 128),  # 256 bytes, 128 characters: at the limit
+            row(device="é" * 129),  # one character over
+            row(device="x" * 128),
+        ]
+    )
+    v = validate_samples(t, CAT, NOW)
+    assert reasons(v) == {"bad_device": [1]}
+    assert v.accepted.column("row").to_pylist() == [0, 2]
