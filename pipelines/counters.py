@@ -55,7 +55,12 @@ STATE_SCHEMA = pa.schema(
 )
 
 _NULL_F64 = pa.scalar(None, pa.float64())
-_NULL_STR = pa.scalar(None, pa.string())
+_NULL_I8 = pa.scalar(None, pa.int8())
+# a computed row's null reason as a code into this array (NULL: none)
+_REASONS = pa.array(
+    [NullReason.RESET.value, NullReason.SATURATED.value, NullReason.FIRST_SAMPLE.value]
+)
+_RESET, _SATURATED, _FIRST = (pa.scalar(i, pa.int8()) for i in range(3))
 
 
 @dataclass
@@ -260,10 +265,10 @@ def derive_rates_group(
     late_rows[late_pos.to_numpy()] = True
     if reason.null_count == len(reason):  # no reset, saturation or first sample
         reason_out = null_reason
-    elif null_reason.null_count == len(null_reason):  # no sentinel
-        reason_out = take(reason.cast(pa.string()), idx)
-    else:
-        reason_out = pc.coalesce(null_reason, take(reason.cast(pa.string()), idx))
+    else:  # codes moved to row order as integers, then named: one string pass
+        named = take(_REASONS, take(reason, idx))
+        no_sentinel = null_reason.null_count == len(null_reason)
+        reason_out = named if no_sentinel else pc.coalesce(null_reason, named)
     cols = CounterColumns(
         delta=take(delta.cast(pa.float64()), idx),  # idx: positions in the computed rows
         rate=take(rate.cast(pa.float64()), idx),
@@ -385,7 +390,8 @@ def _deltas(
     scale: Array,
     boot_change: Array,
 ) -> tuple[Array, Array, Array, Array]:
-    """The module rules over aligned arrays: ``(delta, rate, reset, null_reason)``."""
+    """The module rules over aligned arrays: ``(delta, rate, reset, reason)``, the reason
+    a code into :data:`_REASONS` (int8, NULL for none)."""
     has_prev = pc.is_valid(prev_raw)
     d = pc.bit_wise_and(pc.subtract(cur, prev_raw), mx)  # uint64 arithmetic wraps mod 2**64
     decreased = true_mask(pc.less(cur, prev_raw))
@@ -400,15 +406,9 @@ def _deltas(
     )
     rate = pc.divide(delta, pc.divide(pc.cast(elapsed_ns, pa.float64()), 1e9))
     if not (any_true(reset) or any_true(saturated)) and has_prev.false_count == 0:
-        return delta, rate, reset, pa.nulls(len(cur), pa.string())  # the steady state
+        return delta, rate, reset, pa.nulls(len(cur), pa.int8())  # the steady state
     reason = pc.if_else(
-        reset,
-        NullReason.RESET.value,
-        pc.if_else(
-            saturated,
-            NullReason.SATURATED.value,
-            pc.if_else(has_prev, _NULL_STR, NullReason.FIRST_SAMPLE.value),
-        ),
+        reset, _RESET, pc.if_else(saturated, _SATURATED, pc.if_else(has_prev, _NULL_I8, _FIRST))
     )
     return delta, rate, reset, reason
 
