@@ -1,0 +1,114 @@
+"""Instructions per refined sample, counted by valgrind (callgrind), for comparing commits on a
+noisy machine: unlike CPU time the count barely moves between runs of the same code (a few
+instructions per sample), so a change of 1 % is visible where ``refinery bench`` needs many
+runs. It counts instructions, not time: a change that moves memory rather than computing
+(fewer copies of a large buffer) can cost fewer instructions and no less time.
+
+``python -m services.bench.instructions [--nodes 100] [--ticks 4]`` runs the refiner
+(:meth:`~services.worker.refiner.Refiner.process_group` in groups of 300 records, then the
+state encode of each group) over simulator records twice under valgrind: once stopping after
+the warm-up half, once through the measured half; the difference divided by the measured
+samples is the figure. Needs ``valgrind`` on the PATH; takes minutes (valgrind runs Python
+about fifty times slower). ``run`` is what each valgrind child executes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+
+S = 1_000_000_000
+GROUP = 300
+
+
+def run(nodes: int, ticks: int, measure: bool) -> int:
+    """Refine the first half of the records (warm-up) and, when ``measure``, the second half;
+    returns the samples of the measured half (0 without it)."""
+    from pipelines.enrich import TopologyIndex
+    from schemas.catalog import default_catalog
+    from services.simulate.cluster import Cluster
+    from services.simulate.engine import Simulation
+    from services.simulate.messages import Stream
+    from services.worker.refiner import OutputTopics, RawRecord, Refiner
+
+    start = 1_800_000_000 * S  # fixed: the same records every run
+    sim = Simulation(Cluster.build(nodes), None, start_ns=start, duration_ns=ticks * S)
+    recs: list[RawRecord] = []
+    for tick in sim.ticks():
+        for m in tick.messages:
+            if m.stream is Stream.RAW:
+                ct, body = m.encode()
+                headers = [("content-type", ct.encode())]
+                off = len(recs)
+                recs.append(
+                    RawRecord("raw", off % 12, off, m.key, body, headers, m.due_ns // 10**6)
+                )
+    topo = TopologyIndex(sim.cluster.topology(), sim.cluster.jobs(start))
+    ref = Refiner(default_catalog(), OutputTopics(), lambda: topo, lambda _: None, lambda _: None)
+    now = start + (ticks + 2) * S
+    half = len(recs) // 2
+    for i in range(0, half, GROUP):
+        ref.process_group(recs[i : min(i + GROUP, half)], now)
+    ref.dirty_blobs()
+    samples = 0
+    if measure:
+        for i in range(half, len(recs), GROUP):
+            samples += sum(o.input_samples for o in ref.process_group(recs[i : i + GROUP], now))
+            ref.dirty_blobs()
+    return samples
+
+
+def _count(nodes: int, ticks: int, measure: bool) -> tuple[int, int]:
+    """(instructions, measured samples) of one child under callgrind."""
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [
+            "valgrind", "--tool=callgrind", f"--callgrind-out-file={tmp}/out",
+            sys.executable, "-m", "services.bench.instructions", "--child",
+            "--nodes", str(nodes), "--ticks", str(ticks), *(["--measure"] if measure else []),
+        ]  # fmt: skip
+        env = {**os.environ, "PYTHONHASHSEED": "0"}
+        p = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
+    found = re.search(r"Collected : (\d+)", p.stderr)
+    if p.returncode or found is None:
+        raise RuntimeError(f"valgrind run failed ({p.returncode}): {p.stderr.strip()[-300:]}")
+    return int(found.group(1)), int(p.stdout.strip().splitlines()[-1])
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m services.bench.instructions", description=__doc__)
+    ap.add_argument("--nodes", type=int, default=100)
+    ap.add_argument("--ticks", type=int, default=4, help="seconds simulated; half are measured")
+    ap.add_argument("--json", action="store_true", help="print the figures as one JSON object")
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--measure", action="store_true", help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+    if a.nodes < 1 or a.ticks < 2:
+        ap.error("--nodes must be >= 1 and --ticks >= 2")
+    if a.child:
+        print(run(a.nodes, a.ticks, a.measure))
+        return 0
+    if shutil.which("valgrind") is None:
+        print("error: valgrind is not on the PATH", file=sys.stderr)
+        return 2
+    print(f"counting: {a.nodes} nodes, {a.ticks} s, two valgrind runs...", file=sys.stderr)
+    with ThreadPoolExecutor(2) as pool:  # the two runs side by side
+        warm = pool.submit(_count, a.nodes, a.ticks, False)
+        full, samples = _count(a.nodes, a.ticks, True)
+        base, _ = warm.result()
+    per = (full - base) / samples
+    if a.json:
+        print(json.dumps({"instructions_per_sample": per, "samples": samples, "nodes": a.nodes}))
+    else:
+        print(f"{per:,.0f} instructions per sample ({samples} samples, {a.nodes} nodes)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,20 @@
+"""The instruction-count harness outside valgrind: what each valgrind child runs, and its
+argument check (the valgrind runs themselves take minutes and are not part of the suite)."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.bench.instructions import main, run
+
+
+def test_the_measured_half_refines_samples_and_the_warm_up_alone_none() -> None:
+    assert run(nodes=2, ticks=2, measure=True) > 0
+    assert run(nodes=2, ticks=2, measure=False) == 0
+
+
+def test_a_bad_size_is_refused_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        main(["--ticks", "1"])
+    assert e.value.code == 2
+    assert "--ticks >= 2" in capsys.readouterr().err
