@@ -156,14 +156,14 @@ def lookup(catalog: Catalog, name: str) -> Metric | None:
 
 
 def _per_metric(metrics: list[Metric | None], idx: Array) -> dict[str, Array]:
-    """Catalog attributes per distinct metric, broadcast to rows with one ``take`` each."""
+    """Catalog attributes per distinct metric, broadcast to rows with one ``take`` each (the
+    canonical name is the caller's: see :func:`_layout`)."""
 
     def bcast(values: list[Any], typ: pa.DataType) -> Array:
         return take(pa.array(values, typ), idx)  # idx: codes of the metrics' dictionary
 
     return {
         "known": bcast([m is not None for m in metrics], pa.bool_()),
-        "metric": bcast([m.name if m else None for m in metrics], pa.string()),
         "unit": bcast([m.unit if m else None for m in metrics], pa.string()),
         "kind": bcast([KIND_CODES[m.kind] if m else None for m in metrics], pa.int8()),
         "scale": bcast([m.scale if m else None for m in metrics], pa.float64()),
@@ -255,8 +255,16 @@ def _layout(
     enc = metric.dictionary_encode()
     lay.metric, lay.device, lay.catalog, lay.limits = metric, device, catalog, limits
     lay.idx = enc.indices
-    lay.metrics = [lookup(catalog, s) for s in enc.dictionary.to_pylist()]
+    names = enc.dictionary.to_pylist()
+    lay.metrics = [lookup(catalog, s) for s in names]
     lay.attr = _per_metric(lay.metrics, lay.idx)
+    if all(m is None or m.name == s for m, s in zip(lay.metrics, names, strict=True)):
+        # no alias: the canonical names are the column itself (a row of an unknown metric
+        # keeps its name here, and is rejected)
+        lay.attr["metric"] = metric
+    else:
+        canonical = pa.array([m.name if m else None for m in lay.metrics], pa.string())
+        lay.attr["metric"] = take(canonical, lay.idx)
     lay.is_counter = true_mask(pc.equal(lay.attr["kind"], COUNTER))
     lay.unknown = pc.invert(lay.attr["known"])
     # characters never outnumber bytes: only a device of more bytes than the limit needs
