@@ -376,11 +376,10 @@ def _repeat(values: list[Any], counts: Any, typ: pa.DataType) -> Any:
     if typ == pa.string() and all(isinstance(v, str) for v in values):
         # the bytes of each run written once, no per-row take
         data = [v.encode() for v in values]
-        size = int(np.dot(np.fromiter(map(len, data), np.int64, len(data)), counts))
-        if size < 2**31:
-            lens = np.fromiter(map(len, data), np.int32, len(data))
+        lens = np.fromiter(map(len, data), np.int64, len(data))
+        if int(np.dot(lens, counts)) < 2**31:  # the offsets are int32
             offsets = np.zeros(int(np.sum(counts)) + 1, np.int32)
-            np.cumsum(np.repeat(lens, counts), out=offsets[1:])
+            np.cumsum(np.repeat(lens.astype(np.int32), counts), out=offsets[1:])
             body = b"".join([d * int(c) for d, c in zip(data, counts, strict=True)])
             return pa.StringArray.from_buffers(
                 len(offsets) - 1, pa.py_buffer(offsets), pa.py_buffer(body)

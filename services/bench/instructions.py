@@ -5,7 +5,7 @@ runs. It counts instructions, not time: a change that moves memory rather than c
 (fewer copies of a large buffer) can cost fewer instructions and no less time.
 
 ``python -m services.bench.instructions [--nodes 100] [--ticks 4]`` runs the refiner
-(:meth:`~services.worker.refiner.Refiner.process_group` in groups of 300 records, then the
+(:meth:`~services.worker.refiner.Refiner.process_group` in the worker's chunks of records, then the
 state encode of each group) over simulator records twice under valgrind: once stopping after
 the warm-up half, once through the measured half; the difference divided by the measured
 samples is the figure. Needs ``valgrind`` on the PATH; takes minutes (valgrind runs Python
@@ -25,7 +25,6 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 
 S = 1_000_000_000
-GROUP = 300
 
 
 def run(nodes: int, ticks: int, measure: bool) -> int:
@@ -36,7 +35,10 @@ def run(nodes: int, ticks: int, measure: bool) -> int:
     from services.simulate.cluster import Cluster
     from services.simulate.engine import Simulation
     from services.simulate.messages import Stream
+    from services.worker.app import WorkerConfig
     from services.worker.refiner import OutputTopics, RawRecord, Refiner
+
+    group = WorkerConfig().refine_chunk  # records per refine call, as the worker makes them
 
     start = 1_800_000_000 * S  # fixed: the same records every run
     sim = Simulation(Cluster.build(nodes), None, start_ns=start, duration_ns=ticks * S)
@@ -54,13 +56,13 @@ def run(nodes: int, ticks: int, measure: bool) -> int:
     ref = Refiner(default_catalog(), OutputTopics(), lambda: topo, lambda _: None, lambda _: None)
     now = start + (ticks + 2) * S
     half = len(recs) // 2
-    for i in range(0, half, GROUP):
-        ref.process_group(recs[i : min(i + GROUP, half)], now)
+    for i in range(0, half, group):
+        ref.process_group(recs[i : min(i + group, half)], now)
     ref.dirty_blobs()
     samples = 0
     if measure:
-        for i in range(half, len(recs), GROUP):
-            samples += sum(o.input_samples for o in ref.process_group(recs[i : i + GROUP], now))
+        for i in range(half, len(recs), group):
+            samples += sum(o.input_samples for o in ref.process_group(recs[i : i + group], now))
             ref.dirty_blobs()
     return samples
 

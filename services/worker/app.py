@@ -217,7 +217,10 @@ def build_app(
     last_offset: dict[tuple[str, int], int] = {}  # per input partition, this assignment
     commits = CommitWatch(kafka.librdkafka(), cfg.app_id)  # the group's committed offsets
     gc_pacer = GcPacer(cfg.gc_settle_every_s)  # first after the first group: the process is warm
-    ends = GroupEnds(settle_s=40.0)  # longer than the output producer's deadline
+    # the process's output producer (refine_group reads it from the app at each group)
+    producer = attach_outputs(app, kafka, cfg.app_id)
+    # a group's end waits at most the producer's deadline plus its 5 s of delivery polling
+    ends = GroupEnds(settle_s=producer.deadline_s + 10.0)
 
     async def with_skipped(chunk: list[Any]) -> tuple[list[Any], list[RawRecord]]:
         """The chunk's records, preceded where a partition's offsets jump by the records in
@@ -428,7 +431,6 @@ def build_app(
         return web.text(telemetry.prometheus_text())
 
     app.refinery_feed = feed  # type: ignore[attr-defined]
-    attach_outputs(app, kafka, cfg.app_id)
     return app
 
 
