@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from services.bench.instructions import main, run
+from services.bench.instructions import GROUP, main, run
+from services.worker.app import WorkerConfig
 
 
 def test_the_measured_half_refines_samples_and_the_warm_up_alone_none() -> None:
@@ -18,3 +19,7 @@ def test_a_bad_size_is_refused_in_one_line(capsys: pytest.CaptureFixture[str]) -
         main(["--ticks", "1"])
     assert e.value.code == 2
     assert "--ticks >= 2" in capsys.readouterr().err
+
+
+def test_it_refines_in_the_worker_s_chunks() -> None:
+    assert WorkerConfig().refine_chunk == GROUP
