@@ -98,13 +98,22 @@ def simulate(
     assert run.report is not None and run.report.unacked == 0
 
 
-def drain(bootstrap: str, run: Run, group: str, timeout: float = 240) -> None:
+def drain(
+    bootstrap: str,
+    run: Run,
+    group: str,
+    timeout: float = 240,
+    tail: Callable[[], str] | None = None,
+) -> None:
+    """Wait until ``group`` has no lag on the inputs; on timeout the assertion carries
+    ``tail()`` (the worker's log) so that a slow start can be told from a stall."""
     inputs = [
         run.prefix + t for t in ("telemetry.raw", "telemetry.events", "telemetry.collectives")
     ]
     deadline = time.monotonic() + timeout
     while group_lag({"bootstrap.servers": bootstrap}, group, inputs):
-        assert time.monotonic() < deadline, "the worker did not catch up"
+        if time.monotonic() >= deadline:
+            raise AssertionError("the worker did not catch up\n" + (tail() if tail else ""))
         time.sleep(1)
 
 
