@@ -23,6 +23,7 @@ from services.bench.harness import (
     records,
     sim_topics,
 )
+from services.bench.instructions import GROUP
 from services.simulate.cluster import Cluster
 from services.simulate.engine import Simulation, Stream
 from services.simulate.publish import publish
@@ -77,8 +78,9 @@ def read_ceiling(k: BenchKafka, topic: str, expect: int, timeout: float) -> Ceil
 
 
 def _in_process(kept: list[RawRecord], sim: Simulation, r: BenchResult) -> float:
-    """Decode alone and Refiner.process_group (decode + refine + outputs, groups of 100 as the
-    worker runs it) in this process, on the same records: the first half warms the state
+    """Decode alone and Refiner.process_group (decode + refine + outputs, in calls of
+    ``GROUP`` records: the worker's ``refine_chunk``, a unit test keeps them equal) in this
+    process, on the same records: the first half warms the state
     (first sight of every source), the second half is measured. Plus bench_refine."""
     from pipelines.enrich import TopologyIndex
     from pipelines.refine import bench_refine
@@ -97,11 +99,11 @@ def _in_process(kept: list[RawRecord], sim: Simulation, r: BenchResult) -> float
     t_decode = time.process_time() - t0
     refiner = Refiner(default_catalog(), OutputTopics(), lambda: topo, _none, _none)
     now = time.time_ns()
-    for i in range(0, len(warm), 100):
-        refiner.process_group(warm[i : i + 100], now)
+    for i in range(0, len(warm), GROUP):
+        refiner.process_group(warm[i : i + GROUP], now)
     t0 = time.process_time()
-    for i in range(0, len(measured), 100):
-        refiner.process_group(measured[i : i + 100], now)
+    for i in range(0, len(measured), GROUP):
+        refiner.process_group(measured[i : i + GROUP], now)
     t_refiner = time.process_time() - t0
     synthetic = bench_refine(100, 2000)
     decode_rate = samples / t_decode if t_decode else math.nan
