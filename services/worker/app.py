@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable
@@ -485,6 +486,29 @@ def build_app(
     async def on_assigned(app_: Any, assigned: Any, **kwargs: Any) -> None:
         commits.restart()
 
+    reread_at: dict[tuple[str, int], float] = {}
+
+    async def reread(tp: tuple[str, int]) -> None:
+        """Seek a partition whose records wait while its commits stand still back to its
+        committed offset. Faust drops the events it buffered when partitions are reassigned
+        but counts them read; when they were a partition's last records no later event shows
+        the jump (``with_skipped``) and nothing would refine them: read again, they are."""
+        try:
+            starts = await asyncio.get_running_loop().run_in_executor(
+                None, commits.start_offsets, [tp]
+            )
+        except Exception as e:  # no answer: the next watch tries again
+            log.warning("committed offset of %s: %s", tp, e)
+            return
+        if tp not in starts:
+            return
+        log.warning("%s[%d]: records wait and no commit moves; reading again from %d",
+                    tp[0], tp[1], starts[tp])  # fmt: skip
+        telemetry.count("worker.reread", 1, {"topic": tp[0]})
+        last_offset[tp] = starts[tp] - 1
+        consumer: Any = app.consumer
+        await consumer.seek(TP(*tp), starts[tp])
+
     @app.timer(interval=5.0)  # type: ignore[untyped-decorator]
     async def watch() -> None:
         if feed.error is not None:
@@ -499,6 +523,13 @@ def build_app(
             log.warning("commit watch: %s", e)
             stalled = 0.0
         progress.commit_stalled_s = stalled
+        tp = commits.stalled_partition
+        once = (
+            tp is not None and time.monotonic() - reread_at.get(tp, -math.inf) > cfg.stall_after_s
+        )
+        if stalled > cfg.stall_after_s and tp is not None and once:
+            reread_at[tp] = time.monotonic()  # once per stall: then the crash below
+            await reread(tp)
         telemetry.gauge("worker.groups", progress.groups)
         telemetry.gauge("worker.lag", commits.lag)
         telemetry.gauge("worker.healthy", 1.0 if progress.healthy(cfg.stall_after_s) else 0.0)
