@@ -30,7 +30,7 @@ import logging
 import math
 import time
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable
+from collections.abc import AsyncIterator, Coroutine, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -79,12 +79,6 @@ class WorkerConfig:
     take_max: int = 600
     take_within_s: float = 0.05
     refine_chunk: int = 300  # records refined in one call (one vectorized pass per wave)
-    # the state is written, and the records acked, once per this many groups, or once the
-    # first unsaved group is this old: a checkpoint encodes every stream and node the groups
-    # touched (measured: ~15 % of the worker's CPU per sample when written after every group)
-    checkpoint_groups: int = 4
-    checkpoint_max_s: float = 5.0
-    checkpoint_idle_s: float = 0.5  # unsaved groups and no new one for this long: write them
     stall_after_s: float = 30.0
     gc_settle_every_s: float = 600.0  # full garbage collections on this schedule (GcPacer)
     refine: RefineSettings = field(default_factory=lambda: RefineSettings(seq_window=512))
@@ -134,25 +128,6 @@ class GroupEnds:
         and with their own awaiters."""
         if self._tasks:
             await asyncio.wait(set(self._tasks), timeout=self.settle_s)
-
-
-class Unsaved:
-    """An agent's refined groups whose state is not written yet, and so whose records are not
-    acked: their events, the input record each touched stream and node was last refined from
-    (its changelog record goes to that record's partition), whether a group is being refined."""
-
-    def __init__(self) -> None:
-        self.events: list[Any] = []
-        self.last_for: dict[str, Any] = {}
-        self.groups = 0
-        self.first_s = 0.0  # when the first of them was refined
-        self.busy = False
-        self.last_done = time.monotonic()
-
-    def take(self) -> tuple[list[Any], dict[str, Any]]:
-        out = self.events, self.last_for
-        self.events, self.last_for, self.groups = [], {}, 0
-        return out
 
 
 def build_app(
@@ -303,37 +278,6 @@ def build_app(
             recs.append(_raw_record(m))
         return evs, recs
 
-    # each agent's unsaved groups and how to save them now, for a revocation to write first
-    savers: list[tuple[Unsaved, Callable[[], None]]] = []
-
-    def checkpoint(
-        stream: Any,
-        proc: Refiner,
-        tables: tuple[Any, Any | None],
-        unsaved: Unsaved,
-        before: Awaitable[Any] | None,
-    ) -> Coroutine[Any, Any, None]:
-        """Encode the state the unsaved groups left now (the next group changes it); the
-        returned coroutine waits for ``before`` (the outputs of the last of them, every
-        earlier group's end having run first), writes the state, then acks their records."""
-        events, last_for = unsaved.take()
-        stream_table, node_table = tables
-        streams, nodes = proc.dirty_blobs()
-        changelog = [_put(stream_table, last_for[k], k, b) for k, b in streams.items()]
-        if node_table is not None:
-            changelog += [_put(node_table, last_for["node:" + n], n, b)
-                          for n, b in nodes.items()]  # fmt: skip
-        outputs: OutputProducer = app.refinery_outputs  # type: ignore[attr-defined]
-
-        async def end() -> None:
-            if before is not None:
-                await before  # outputs acknowledged first
-            await outputs.publish(changelog)  # then the state
-            for ev in events:  # then the acks
-                await stream.ack(ev)
-
-        return end()
-
     async def run_groups(
         stream: Any, proc: Refiner, stream_table: Any, node_table: Any | None
     ) -> AsyncIterator[None]:
@@ -341,79 +285,43 @@ def build_app(
         # processing it failed, and this process would then commit records whose outputs the
         # broker never acknowledged. Here a group is acked only once it is done; a failed
         # one stays uncommitted and the next owner replays it.
-        # A group's end (outputs acknowledged; at a checkpoint then the state and the acks of
-        # every group since the last one) runs while the next group is refined: the refining
-        # thread does not sit idle through broker round trips. The ends run one at a time, in
-        # group order. A checkpoint comes every ``checkpoint_groups`` groups or
-        # ``checkpoint_max_s``; ``checkpoint_idle_s`` without a group (the input is caught
-        # up), a stop between groups and a revocation between groups write one at once.
+        # A group's end (outputs acknowledged, then its state, then its acks) runs while the
+        # next group is refined: the refining thread no longer sits idle through two broker
+        # round trips per group. The ends run one at a time, in group order.
         ending: asyncio.Task[None] | None = None
-        unsaved = Unsaved()
-        tables = (stream_table, node_table)
-        outputs: OutputProducer = app.refinery_outputs  # type: ignore[attr-defined]
-
-        def save_now() -> None:
-            nonlocal ending
-            if unsaved.busy or not unsaved.events:
-                return  # mid-group: its records and those before stay unacked
-            ending = ends.start(checkpoint(stream, proc, tables, unsaved, ending))
-
-        async def save_idle() -> None:
-            while True:
-                await asyncio.sleep(cfg.checkpoint_idle_s / 2)
-                if time.monotonic() - unsaved.last_done >= cfg.checkpoint_idle_s:
-                    save_now()
-
-        saver = (unsaved, save_now)
-        savers.append(saver)
-        idle = asyncio.ensure_future(save_idle())
-        crashed = False
         async with manual_acks(stream, cfg.take_max, cfg.take_within_s) as groups:
             try:
                 async for events in groups:
-                    unsaved.busy = True
-                    sent = await refine_group(events, proc, unsaved)
-                    if not unsaved.groups:
-                        unsaved.first_s = time.monotonic()
-                    unsaved.events += events
-                    unsaved.groups += 1
-                    delivered = outputs.wait(sent)
-                    end: Coroutine[Any, Any, Any] = delivered
-                    if unsaved.groups >= cfg.checkpoint_groups or (
-                        time.monotonic() - unsaved.first_s >= cfg.checkpoint_max_s
-                    ):
-                        end = checkpoint(stream, proc, tables, unsaved, delivered)
+                    end = await refine_group(events, proc, stream_table, node_table)
                     if ending is not None:
                         try:
                             await ending  # the previous group's end; raises its failure here
                         except BaseException:
                             end.close()  # this group's end never starts: its records stay unacked
-                            delivered.close()
                             raise
-                    ending = ends.start(end)
-                    unsaved.busy = False
-                    unsaved.last_done = time.monotonic()
+                    ending = ends.start(acked(stream, events, end))
                     yield None
-            except Exception:
-                crashed = True
-                raise
             finally:
-                idle.cancel()
-                savers.remove(saver)
-                if not crashed:  # a stop between groups writes what is unsaved
-                    save_now()
                 if ending is not None:  # a stop or a crash lets the last group end first
                     await ends.settle()
 
-    async def refine_group(events: list[Any], proc: Refiner, unsaved: Unsaved) -> list[Delivery]:
-        """Refine a group and hand its outputs to the producer; returns their deliveries.
-        Notes in ``unsaved`` the record each stream and node was last refined from."""
+    async def acked(stream: Any, events: list[Any], end: Coroutine[Any, Any, None]) -> None:
+        await end
+        for ev in events:
+            await stream.ack(ev)
+
+    async def refine_group(
+        events: list[Any], proc: Refiner, stream_table: Any, node_table: Any | None
+    ) -> Coroutine[Any, Any, None]:
+        """Refine a group and hand its outputs to the producer; returns the coroutine that
+        ends the group: wait for the outputs' acknowledgements, then write the state."""
         progress.last_group_started = time.monotonic()
         if not progress.groups and not feed.wait_caught_up(0):
             # the first group waits for the topology and jobs to be read whole: no sample is
             # enriched against a half-loaded view (and no join index rebuilt for each part)
             await asyncio.get_running_loop().run_in_executor(None, feed.wait_caught_up, 60)
         now = time.time_ns()
+        last_for: dict[str, Any] = {}
         outputs: OutputProducer = app.refinery_outputs  # type: ignore[attr-defined]
         sent: list[Delivery] = []
         with telemetry.span("refine.group", {"records": len(events)}):
@@ -423,18 +331,30 @@ def build_app(
                 for ev, rec, out in zip(chunk, recs, proc.process_group(recs, now), strict=True):
                     _record(telemetry, out, rec)
                     pending += out.messages
-                    if out.stream is not None:  # (a revocation may replace the dict)
-                        unsaved.last_for[out.stream] = ev
-                        unsaved.last_for["node:" + out.stream.split("|", 1)[0]] = ev
+                    if out.stream is not None:
+                        last_for[out.stream] = ev
+                        last_for["node:" + out.stream.split("|", 1)[0]] = ev
                 # librdkafka sends a chunk's outputs while the next chunk is refined
                 sent.append(await outputs.enqueue(pending))
                 await asyncio.sleep(0)  # let heartbeats and fetches run
+            # the group's state is encoded now (the next group changes this refiner's state)
+            # and sent only once its outputs are acknowledged
+            streams, nodes = proc.dirty_blobs()
+            changelog = [_put(stream_table, last_for[k], k, b) for k, b in streams.items()]
+            if node_table is not None:
+                changelog += [_put(node_table, last_for["node:" + n], n, b)
+                              for n, b in nodes.items()]  # fmt: skip
         progress.groups += 1
         progress.records += len(events)
         progress.last_group_done = time.monotonic()
         if gc_pacer.maybe():  # between groups: the one full collection it takes
             telemetry.record("worker.gc_settle_s", gc_pacer.last_pause_s, unit="s")
-        return sent
+
+        async def end() -> None:
+            await outputs.wait(sent)  # outputs acknowledged first
+            await outputs.publish(changelog)  # then the state; the caller acks the group after
+
+        return end()
 
     @app.agent(
         raw_topic(cfg.inputs.raw, cfg.raw_partitions), supervisor_strategy=CrashingSupervisor
@@ -462,11 +382,7 @@ def build_app(
     async def on_revoked(app_: Any, revoked: Any, **kwargs: Any) -> None:
         # another worker may own these now: the groups refined so far end first (outputs,
         # state, acks), so that their offsets commit now and none of them is replayed there
-        for _, save_now in list(savers):
-            save_now()
         await ends.settle()
-        for unsaved, _ in savers:  # left unsaved (mid-group): replayed by the next owner
-            unsaved.take()
         # state must come back from the tables
         refiner.forget()
         aligner.forget()

@@ -47,31 +47,8 @@ def add_parser(sub: Any) -> None:
         help="replication of the worker's own topics (table changelogs); "
         "default: that of the raw topic",
     )
-    p.add_argument(
-        "--take-max",
-        type=_at_least_one,
-        default=600,
-        help="records refined as one group at most (default 600)",
-    )
-    p.add_argument(
-        "--checkpoint-groups",
-        type=_at_least_one,
-        default=4,
-        help="write the state and commit once per this many groups, at most 5 s apart, and "
-        "when input pauses for 0.5 s (default 4; 1: after every group)",
-    )
     p.add_argument("--loglevel", default="warning")
     p.set_defaults(handler=run)
-
-
-def _at_least_one(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {n}")
-    return n
 
 
 def _partitions(conf: dict[str, Any], topic: str, default: int) -> int:
@@ -154,8 +131,6 @@ def run(args: argparse.Namespace, settings: RefinerySettings) -> int:
         record_partitions=_partitions(conf, inputs.events, 4),
         data_dir=Path(args.data_dir) if args.data_dir else settings.home / "worker",
         web_port=args.web_port or None,
-        take_max=args.take_max,
-        checkpoint_groups=args.checkpoint_groups,
         refine=RefineSettings(
             seq_window=512,
             clock=ClockSettings(

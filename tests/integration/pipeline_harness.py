@@ -26,10 +26,6 @@ from tests.integration.worker_helpers import read_all
 # worker: its minimum producer→broker delay is a few ms, not a datacenter's ~1 ms. The
 # worker is told so, which is what makes its stated clock error bounds honest here.
 WORKER_CLOCK_ARGS = ["--clock-min-delay-ms", "6", "--clock-delay-uncertainty-ms", "6"]
-# groups of at most 3 records with one checkpoint per 3 full groups: a tick's burst of batches
-# fills groups, so the worker runs with refined groups whose state is not written yet (and
-# whose records are not committed) when it is killed, stopped or loses partitions
-SMALL_GROUPS = ["--take-max", "3", "--checkpoint-groups", "3"]
 
 
 @dataclass

@@ -16,7 +16,6 @@ from pathlib import Path
 import pytest
 
 from tests.integration.pipeline_harness import (
-    SMALL_GROUPS,
     WORKER_CLOCK_ARGS,
     Run,
     collect,
@@ -27,8 +26,6 @@ from tests.integration.pipeline_harness import (
 from tests.integration.worker_helpers import fresh_topics, start_worker
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
-# the kill and move tests run with small groups, so that refined groups are often unsaved
-SMALL = WORKER_CLOCK_ARGS + SMALL_GROUPS
 
 
 def members(bootstrap: str, group: str) -> int:
@@ -73,11 +70,7 @@ def test_kill_9_worker_ten_times(kafka_bootstrap: str, tmp_path: Path) -> None:
     group = run.prefix + "worker"
     box = {
         "w": start_worker(
-            kafka_bootstrap,
-            run.prefix,
-            tmp_path,
-            app_id=group,
-            extra=SMALL,
+            kafka_bootstrap, run.prefix, tmp_path, app_id=group, extra=WORKER_CLOCK_ARGS
         )
     }
     kills: list[float] = []
@@ -93,7 +86,7 @@ def test_kill_9_worker_ten_times(kafka_bootstrap: str, tmp_path: Path) -> None:
                 tmp_path,
                 app_id=group,
                 name=f"w{len(kills)}",
-                extra=SMALL,
+                extra=WORKER_CLOCK_ARGS,
             )
 
     try:
@@ -113,20 +106,10 @@ def test_two_workers_one_stopped_mid_run(kafka_bootstrap: str, tmp_path: Path) -
     run = Run(fresh_topics(kafka_bootstrap), tmp_path)
     group = f"{run.prefix}worker-{uuid.uuid4().hex[:4]}"
     a = start_worker(
-        kafka_bootstrap,
-        run.prefix,
-        tmp_path,
-        app_id=group,
-        name="a",
-        extra=SMALL,
+        kafka_bootstrap, run.prefix, tmp_path, app_id=group, name="a", extra=WORKER_CLOCK_ARGS
     )
     b = start_worker(
-        kafka_bootstrap,
-        run.prefix,
-        tmp_path,
-        app_id=group,
-        name="b",
-        extra=SMALL,
+        kafka_bootstrap, run.prefix, tmp_path, app_id=group, name="b", extra=WORKER_CLOCK_ARGS
     )
 
     def stop_b(done: threading.Event) -> None:
