@@ -408,15 +408,17 @@ def build_app(
         """Seek a partition whose records wait while its commits stand still back to its
         committed offset. Faust drops the events it buffered when partitions are reassigned
         but counts them read; when they were a partition's last records no later event shows
-        the jump (``with_skipped``) and nothing would refine them: read again, they are."""
+        the jump (``with_skipped``) and nothing would refine them: read again, they are.
+        Once per stall: if that does not help, the watch's crash follows."""
+        if time.monotonic() - reread_at.get(tp, -math.inf) <= cfg.stall_after_s:
+            return
+        reread_at[tp] = time.monotonic()
         try:
             starts = await asyncio.get_running_loop().run_in_executor(
                 None, commits.start_offsets, [tp]
             )
-        except Exception as e:  # no answer: the next watch tries again
+        except Exception as e:  # no answer: this stall is not read again (the crash follows)
             log.warning("committed offset of %s: %s", tp, e)
-            return
-        if tp not in starts:
             return
         log.warning("%s[%d]: records wait and no commit moves; reading again from %d",
                     tp[0], tp[1], starts[tp])  # fmt: skip
@@ -440,11 +442,7 @@ def build_app(
             stalled = 0.0
         progress.commit_stalled_s = stalled
         tp = commits.stalled_partition
-        once = (
-            tp is not None and time.monotonic() - reread_at.get(tp, -math.inf) > cfg.stall_after_s
-        )
-        if stalled > cfg.stall_after_s and tp is not None and once:
-            reread_at[tp] = time.monotonic()  # once per stall: then the crash below
+        if stalled > cfg.stall_after_s and tp is not None:
             await reread(tp)
         telemetry.gauge("worker.groups", progress.groups)
         telemetry.gauge("worker.lag", commits.lag)

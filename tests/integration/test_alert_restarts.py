@@ -8,9 +8,7 @@ service and the worker are killed with SIGKILL and restarted at once; each resum
 committed offsets (detect warms its state up on the span before them without publishing), so
 records published after the last commit are published again — with the same ids. The new
 worker gets its partitions only once the group drops the dead member (Faust's 60 s session
-timeout): the incidents end, and the run too, while the pipeline is down. (A CI run once
-timed out after 120 s of draining; the bound is now the harness default of 240 s and a
-timeout prints the new worker's log.)
+timeout): the incidents end, and the run too, while the pipeline is down.
 """
 
 from __future__ import annotations
