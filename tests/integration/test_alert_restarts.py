@@ -119,6 +119,7 @@ def test_kill_9_of_detect_and_worker_mid_incident_keeps_alert_ids(
         "detect": start_detect(kafka_bootstrap, run.prefix, tmp_path, 0),
     }
     at_kill: dict[str, set[tuple[str, str]]] = {}
+    kill_ns: list[int] = []
     try:
         # no wait for the groups to form: both read from the start of the fresh topics
         watch = AlertWatch(kafka_bootstrap, run.prefix + "telemetry.alerts")
@@ -134,6 +135,7 @@ def test_kill_9_of_detect_and_worker_mid_incident_keeps_alert_ids(
             while not committed(kafka_bootstrap, run.prefix) and time.monotonic() - t1 < 5:
                 watch.poll()
             at_kill.update(firing=set(watch.firing), resolved=set(watch.resolved))
+            kill_ns.append(time.time_ns())
             for p in procs.values():
                 p.stop(signal.SIGKILL)
             procs["detect"] = start_detect(kafka_bootstrap, run.prefix, tmp_path, 1)
@@ -181,9 +183,14 @@ def test_kill_9_of_detect_and_worker_mid_incident_keeps_alert_ids(
         ids = by_id(rule, entity)
         assert len(ids) == 1, (rule, entity, ids, seen)
         assert next(iter(ids.values())) == {"firing", "resolved"}, (rule, entity, ids)
-    # a clean entity (node0002: no fault) has no alert; nothing else alerts either
+    # a clean entity (node0002: no fault) has no alert; nothing else alerts either, but
+    # the pipeline's freshness once the kill has stopped it
     assert [a for a in seen if str(a["entity"]).startswith("node0002")] == []
-    assert {(a["rule"], a["entity"]) for a in seen} == {THROTTLE, FLAP}, seen
+    stale = [a for a in seen if a["rule"] == "refined_freshness"]
+    for a in stale:
+        assert a["entity"] == "pipeline" and a["starts_ns"] >= kill_ns[0], (a, kill_ns)
+        assert a["evidence"]["lag_ns"] > 30 * 1_000_000_000, a
+    assert {(a["rule"], a["entity"]) for a in seen if a not in stale} == {THROTTLE, FLAP}, seen
     # the throttling episode: one id too, still open (the data ends 7 s after the GPU
     # cooled, short of the 30 s an episode must be quiet): never closed early by a restart
     eps = topic_json(kafka_bootstrap, run.prefix + "telemetry.episodes")
