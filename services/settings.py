@@ -17,6 +17,9 @@ REFINERY_LAKE                      lake root directory                         .
 REFINERY_HOME                      local state: broker data, jar cache, pids   ./.refinery
 REFINERY_OTLP_ENDPOINT             OTLP/HTTP endpoint for the service's own    unset (local)
                                    metrics and traces
+REFINERY_SESSION_TIMEOUT_S         how long the group coordinator waits for    15
+                                   a silent Faust member (worker, detect)
+                                   before its partitions move
 =================================  ==========================================  ===============
 """
 
@@ -25,7 +28,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pydantic import SecretStr
+from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -43,6 +46,15 @@ class KafkaSettings(BaseSettings):
     ssl_cert_location: Path | None = None
     ssl_key_location: Path | None = None
     ssl_key_password: SecretStr | None = None
+    # A killed worker's partitions move once its session expires: the consumer group's
+    # failover time, and with it the freshness of everything it owned. Faust's default is
+    # 60 s; heartbeats are sent from the consumer's own thread (not the refining one) ten
+    # times per session. The broker accepts 6..1800 s (group.min/max.session.timeout.ms).
+    session_timeout_s: float = Field(default=15.0, ge=6.0, le=1800.0)
+
+    @property
+    def heartbeat_interval_s(self) -> float:
+        return self.session_timeout_s / 10
 
     def librdkafka(self) -> dict[str, Any]:
         """Options for confluent-kafka clients (librdkafka names)."""
@@ -86,5 +98,9 @@ class RefinerySettings(BaseSettings):
 
 
 def load_settings() -> RefinerySettings:
-    """The one place the environment is read (pydantic-settings does the reading)."""
-    return RefinerySettings()
+    """The one place the environment is read (pydantic-settings does the reading). The Kafka
+    settings are checked here too: a bad variable fails every command at once, not the first
+    one that reaches for Kafka."""
+    settings = RefinerySettings()
+    settings.kafka()
+    return settings

@@ -111,6 +111,8 @@ def build_detect_app(
         cfg.group,
         broker=kafka.faust_broker(),
         broker_credentials=_credentials(kafka),
+        broker_session_timeout=kafka.session_timeout_s,
+        broker_heartbeat_interval=kafka.heartbeat_interval_s,
         autodiscover=False,
         datadir=str(cfg.data_dir),
         broker_commit_interval=1.0,

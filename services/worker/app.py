@@ -142,6 +142,8 @@ def build_app(
         cfg.app_id,
         broker=kafka.faust_broker(),
         broker_credentials=_credentials(kafka),
+        broker_session_timeout=kafka.session_timeout_s,
+        broker_heartbeat_interval=kafka.heartbeat_interval_s,
         store="memory://",
         autodiscover=False,
         datadir=str(cfg.data_dir),

@@ -92,7 +92,7 @@ def test_kill_9_worker_ten_times(kafka_bootstrap: str, tmp_path: Path) -> None:
     try:
         time.sleep(6)
         simulate(kafka_bootstrap, run, nodes=3, seconds=45, faults="all", seed=12, during=killer)
-        # the last worker first waits out the killed member's session (60 s), and partitions
+        # the last worker first waits out the killed member's session (15 s), and partitions
         # have been seen to drain slowly after that rebalance (about one record a second)
         drain(kafka_bootstrap, run, group, timeout=360)
     finally:
