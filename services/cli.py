@@ -15,6 +15,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from schemas.errors import BrokerError, ConfigError, RefineryError
 from services.settings import RefinerySettings, load_settings
 
@@ -186,6 +188,17 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def one_line(e: ValidationError) -> str:
+    """A validation error on one line; a settings field is named by its environment variable."""
+    env = e.title.endswith("Settings")
+    parts = []
+    for err in e.errors():
+        loc = ".".join(str(x) for x in err["loc"])
+        name = f"REFINERY_{loc.upper()}" if env else loc or e.title
+        parts.append(f"{name}: {err['msg']} (got {err.get('input')!r})")
+    return "; ".join(parts)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -193,6 +206,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings = load_settings()
         handler: Handler = args.handler
         return handler(args, settings)
+    except ValidationError as e:
+        print(f"refinery: error: {one_line(e)}", file=sys.stderr)
+        return 2
     except (ConfigError, ValueError) as e:
         print(f"refinery: error: {e}", file=sys.stderr)
         return 2
