@@ -209,6 +209,10 @@ def _plan(
             fresh, half_alert = bench_pipeline(k, rate, sizes.pipeline_s, sizes.incidents_per_kind)
             out.append(fresh)
             bench_worker_freshness(k, rate, sizes.pipeline_s, fresh)
+            # the same with exporters publishing every 0.2 s (GPU/NIC still at 10 Hz)
+            bench_worker_freshness(
+                k, rate, sizes.pipeline_s, fresh, 200_000_000, 2, "worker_alone_200ms"
+            )
             if "alert_latency" in names and rate is None:
                 return [fresh, half_alert]
         if "alert_latency" in names:
