@@ -63,11 +63,14 @@ _REASONS = pa.array(
 _RESET, _SATURATED, _FIRST = (pa.scalar(i, pa.int8()) for i in range(3))
 
 
+_NO_STATE = STATE_SCHEMA.empty_table()  # shared: building one costs ~20 µs a time
+
+
 @dataclass
 class CounterState:
     """Last accepted reading per counter series of one source stream."""
 
-    table: pa.Table = field(default_factory=STATE_SCHEMA.empty_table)
+    table: pa.Table = field(default_factory=lambda: _NO_STATE)  # tables are immutable
 
     def __len__(self) -> int:
         return int(self.table.num_rows)

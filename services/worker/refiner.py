@@ -29,6 +29,7 @@ import pyarrow as pa
 
 from pipelines.aligned import align_records
 from pipelines.clock import ClockEstimator
+from pipelines.counters import CounterState
 from pipelines.dedupe import SeqWindow
 from pipelines.enrich import TopologyIndex
 from pipelines.refine import (
@@ -163,7 +164,7 @@ class Refiner:
                 boot_id=key.rsplit("|", 1)[1],
                 seqs=self.state.seqs.get(key),
                 clock=self.state.clocks.get(stream),
-                counters=self.state.counters.get(stream) or StreamState().counters,
+                counters=self.state.counters.get(stream) or CounterState(),
                 watermark=self.state.watermarks.get(stream),
                 clock_flagged=self._flagged.get(stream, False),
                 clock_onset=self._onsets.get(stream),
