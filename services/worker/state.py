@@ -22,7 +22,7 @@ import pyarrow as pa
 from pipelines.clock import ClockEstimator, ClockSettings
 from pipelines.counters import STATE_SCHEMA, CounterState
 from pipelines.dedupe import OVERLAP_SCHEMA, POINTS_SCHEMA, OverlapState, SeqWindow
-from schemas.codec import ipc_stream
+from schemas.codec import ipc_stream_parts
 
 MAGIC = b"RST1"
 SEQ_SCHEMA = pa.schema(
@@ -30,8 +30,9 @@ SEQ_SCHEMA = pa.schema(
 )
 
 
-def _ipc(table: pa.Table) -> bytes:
-    return bytes(ipc_stream(table))
+def _ipc(table: pa.Table) -> list[pa.Buffer | bytes]:
+    """An IPC stream as its messages: :func:`_frame` copies them into the blob once."""
+    return ipc_stream_parts(table)
 
 
 _NO_SEQS = _ipc(SEQ_SCHEMA.empty_table())  # (building an empty table costs ~20 µs a time)
@@ -41,11 +42,13 @@ def _read_ipc(buf: bytes) -> pa.Table:
     return pa.ipc.open_stream(pa.py_buffer(buf)).read_all()
 
 
-def _frame(meta: dict[str, Any], parts: list[bytes]) -> bytes:
+def _frame(meta: dict[str, Any], parts: list[list[pa.Buffer | bytes]]) -> bytes:
+    """The blob: each part is one IPC stream given as its messages (one copy in all)."""
     m = json.dumps(meta, separators=(",", ":")).encode()
-    out = [MAGIC, struct.pack("<I", len(m)), m]
+    out: list[pa.Buffer | bytes] = [MAGIC, struct.pack("<I", len(m)), m]
     for p in parts:
-        out += [struct.pack("<I", len(p)), p]
+        out.append(struct.pack("<I", sum(len(x) for x in p)))
+        out += p
     return b"".join(out)
 
 
