@@ -187,3 +187,49 @@ def test_align_applies_drift_per_row_and_state_round_trips() -> None:
     back = ClockEstimator.from_dict(est.to_dict())
     assert back.estimate().offset_ns == est.estimate().offset_ns
     assert len(est.points) <= est.settings.window
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    window=st.integers(2, 24),
+    moves=st.lists(st.tuples(st.integers(-2, 4), st.integers(-6, 6)), min_size=1, max_size=200),
+)
+def test_property_the_kept_hull_and_x_sum_are_those_of_the_points(
+    window: int, moves: list[tuple[int, int]]
+) -> None:
+    # small integer coordinates: equal x, collinear points, points out of order and steps
+    # (restarts) all happen; after every observation the hull kept up to date as points come
+    # and go must be the one built from the points, and so must the x sum
+    from pipelines.clock import _upper_hull
+
+    est = ClockEstimator(ClockSettings(window=window, min_fit_points=3, step_threshold_ns=8))
+    x = T0
+    for dx, y in moves:
+        x += dx
+        est.observe(x, x - y)
+        assert est._hull_now() == _upper_hull(est.points)
+        assert est._xbar() == sum(p[0] for p in est.points) / len(est.points)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    n=st.integers(1, 300),
+    seed=st.integers(0, 2**32),
+    b_ppm=st.floats(-500, 500),
+    spread=st.sampled_from([10, 10**6, 10**12, 1 << 61]),
+)
+def test_property_gap_statistics_are_those_of_the_sorted_python_floats(
+    n: int, seed: int, b_ppm: float, spread: int
+) -> None:
+    # numpy computes the distances below the line from 48 points on: the same floats, so
+    # the same order statistics as sorting Python's own, at any magnitude
+    from collections import deque
+
+    from pipelines.clock import _gap_stats
+
+    rng = random.Random(seed)
+    xs = sorted(T0 + rng.randint(-spread, spread) for _ in range(n))
+    pts = deque((x, rng.randint(-3600 * S, 3600 * S)) for x in xs)
+    a, b, xa = float(rng.randint(-S, S)), b_ppm * 1e-6, xs[0]
+    gaps = sorted(a + b * (p[0] - xa) - p[1] for p in pts)
+    assert _gap_stats(pts, a, b, xa) == (gaps[n // 8], gaps[n // 2], gaps[-1])
