@@ -1,0 +1,58 @@
+"""The worker reports a group's telemetry summed once per group: the same totals, histogram
+counts and last clock offsets as one report per record would give."""
+
+from __future__ import annotations
+
+from services.telemetry import ServiceTelemetry
+from services.worker.app import GroupTally
+from services.worker.refiner import Outcome, RawRecord
+
+
+def _rec(offset: int, topic: str = "telemetry.raw") -> RawRecord:
+    return RawRecord(topic, 0, offset, b"k", b"", [], 0)
+
+
+def _out(
+    outcome: str,
+    n: int,
+    refined: int,
+    dup: int,
+    quarantined: int,
+    reasons: dict[str, int] | None = None,
+    stream: str | None = None,
+    offset: int | None = None,
+    fresh: int | None = None,
+) -> Outcome:
+    return Outcome([], outcome, n, refined, dup, quarantined, reasons or {}, stream, offset, fresh)
+
+
+def test_a_group_is_reported_as_its_records_sum() -> None:
+    group = [
+        (_out("refined", 600, 590, 4, 6, stream="n1|gpu|0", offset=5, fresh=800_000_000), _rec(0)),
+        (_out("refined", 400, 400, 0, 0, stream="n1|gpu|0", offset=7, fresh=200_000_000), _rec(1)),
+        (_out("duplicate", 50, 0, 50, 0, stream="n2|nic|0", offset=-3), _rec(2)),
+        (_out("deadletter", 0, 0, 0, 0, reasons={"undecodable": 1}), _rec(3)),
+        (_out("deadletter", 0, 0, 0, 0, reasons={"bad_envelope": 1}), _rec(4, "telemetry.events")),
+    ]
+    t = ServiceTelemetry("test")
+    tally = GroupTally()
+    for out, rec in group:
+        tally.add(out, rec)
+    assert t.snapshot() == {}  # nothing is reported before the group ends
+    tally.report(t)
+    assert t.total("refinery.records") == 5
+    assert t.total("refinery.records", outcome="refined", topic="telemetry.raw") == 2
+    assert t.total("refinery.records", outcome="deadletter", topic="telemetry.events") == 1
+    assert t.total("refinery.samples.in") == 1050
+    assert t.total("refinery.samples.refined") == 990
+    assert t.total("refinery.samples.duplicate") == 54
+    assert t.total("refinery.samples.quarantined") == 6
+    assert t.total("refinery.deadletter", reason="undecodable") == 1
+    assert t.total("refinery.deadletter", reason="bad_envelope") == 1
+    snap = t.snapshot()
+    (batch,) = snap["refinery.batch.samples"]
+    assert batch["value"]["count"] == 5 and batch["value"]["sum"] == 1050
+    (fresh,) = snap["refinery.freshness"]
+    assert fresh["value"]["count"] == 2 and abs(fresh["value"]["sum"] - 1.0) < 1e-9
+    offsets = {r["attributes"]["source"]: r["value"] for r in snap["refinery.clock.offset_ns"]}
+    assert offsets == {"n1|gpu|0": 7, "n2|nic|0": -3}  # each stream's last
