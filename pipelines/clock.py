@@ -120,7 +120,7 @@ class ClockEstimator:
     # neighbouring points whose x does not increase (equal x; a restart keeps its step
     # candidates in arrival order): the hull is not kept up to date while there are any (the
     # monotone chain's vertices then depend on the order)
-    _ties: int | None = field(default=None, repr=False, compare=False)
+    _unordered: int | None = field(default=None, repr=False, compare=False)
 
     def observe(
         self, sent_ns: int, arrival_ns: int, clock: ClockBlock | None = None
@@ -149,11 +149,11 @@ class ClockEstimator:
                 self.candidates.clear()
         if x < (self.points[-1][0] if self.points else x):
             self.points = deque(sorted([*self.points, (x, y)]), maxlen=None)
-            self._hull = self._xsum = self._ties = None
+            self._hull = self._xsum = self._unordered = None
         else:
             p = (x, y)
-            if self._ties is not None and self.points and self.points[-1][0] == x:
-                self._ties += 1
+            if self._unordered is not None and self.points and self.points[-1][0] == x:
+                self._unordered += 1
                 self._hull = None
             self.points.append(p)
             if self._hull is not None:
@@ -178,7 +178,7 @@ class ClockEstimator:
         self.candidates = []
         self.since_step = len(keep)
         self._fit = None
-        self._hull = self._xsum = self._ties = None
+        self._hull = self._xsum = self._unordered = None
 
     def _drop_first(self, gone: tuple[int, int]) -> None:
         """Update the caches for the first point leaving the window. The first point is
@@ -187,8 +187,8 @@ class ClockEstimator:
         so the turn at ``h1`` stays convex) and the vertices after ``h1`` stay."""
         if self._xsum is not None:
             self._xsum -= gone[0]
-        if self._ties is not None and self.points and self.points[0][0] <= gone[0]:
-            self._ties -= 1
+        if self._unordered is not None and self.points and self.points[0][0] <= gone[0]:
+            self._unordered -= 1
         hull = self._hull
         if hull is None:
             return
@@ -206,11 +206,11 @@ class ClockEstimator:
     def _hull_now(self) -> list[tuple[int, int]]:
         if self._hull is not None:
             return self._hull
-        if self._ties is None:
-            pts = self.points
-            self._ties = sum(p[0] >= q[0] for p, q in itertools.pairwise(pts))
+        if self._unordered is None:
+            pairs = itertools.pairwise(self.points)
+            self._unordered = sum(p[0] >= q[0] for p, q in pairs)
         hull = _upper_hull(self.points)
-        if self._ties == 0:
+        if self._unordered == 0:
             self._hull = hull
         return hull
 

@@ -64,6 +64,7 @@ def test_the_worker_joins_its_group_with_the_configured_session(
 ) -> None:
     # a killed worker's partitions move once its session expires: 15 s unless configured,
     # heartbeats ten times per session (Faust's own default is 60 s, every 3 s)
+    monkeypatch.delenv("REFINERY_SESSION_TIMEOUT_S", raising=False)
     assert KafkaSettings().session_timeout_s == 15.0
     monkeypatch.setenv("REFINERY_SESSION_TIMEOUT_S", "8")
     kafka = KafkaSettings(bootstrap_servers="127.0.0.1:1")

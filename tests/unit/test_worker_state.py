@@ -8,7 +8,8 @@ import pyarrow as pa
 
 from pipelines.counters import STATE_SCHEMA, CounterState
 from pipelines.dedupe import POINTS_SCHEMA, OverlapState, SeqWindow
-from services.worker.state import StreamState, _frame, _ipc, decode_overlap, encode_overlap
+from schemas.codec import ipc_stream_parts
+from services.worker.state import StreamState, _frame, decode_overlap, encode_overlap
 
 
 def _counters() -> CounterState:
@@ -63,7 +64,8 @@ def test_overlap_state_round_trips_per_source() -> None:
 
 def test_overlap_blob_with_a_src_column_per_point_still_loads() -> None:
     st = OverlapState({"a": _points(("m", "d", 1)), "b": _points(("m", "d", 2), ("m", "e", 3))})
-    old = _frame({}, [_ipc(st.table)])  # the earlier layout: one table, src on every row
+    # the earlier layout: one table, src on every row
+    old = _frame({}, [ipc_stream_parts(st.table)])
     back = decode_overlap(old)
     assert sorted(back.sources) == ["a", "b"]
     assert back.sources["b"].equals(st.sources["b"])
