@@ -223,17 +223,24 @@ class RefinedPositions:
              "enable.auto.commit": False}
         )  # fmt: skip
         md = self._c.list_topics(topic, timeout=10)
-        self._c.assign([TopicPartition(topic, p, 0) for p in md.topics[topic].partitions])
+        self._tps = [TopicPartition(topic, p, 0) for p in md.topics[topic].partitions]
+        self._next = {tp.partition: 0 for tp in self._tps}
+        self._c.assign(self._tps)
 
-    def count(self) -> int:
-        while True:
-            msgs = self._c.consume(1000, 0.5)
-            for m in msgs:
+    def count(self, timeout: float = 60.0) -> int:
+        """Read up to each partition's end as it is now (a fresh consumer's first fetch can
+        take longer than one empty poll: stopping at that poll counted nothing)."""
+        ends = {tp.partition: self._c.get_watermark_offsets(tp, timeout=10)[1] for tp in self._tps}
+        deadline = time.monotonic() + timeout
+        while any(self._next[p] < end for p, end in ends.items()):
+            if time.monotonic() > deadline:
+                break
+            for m in self._c.consume(1000, 0.5):
                 if m.error() is None:
+                    self._next[m.partition()] = m.offset() + 1
                     for lin in refined_lineage(m.headers()):
                         self.seen.add((int(lin["raw_partition"]), int(lin["raw_offset"])))
-            if not msgs:
-                return len(self.seen)
+        return len(self.seen)
 
     def close(self) -> None:
         self._c.close()
