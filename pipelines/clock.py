@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import struct
 from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -275,12 +276,38 @@ class ClockEstimator:
             "since_step": self.since_step,
         }
 
+    def to_parts(self) -> tuple[dict[str, Any], bytes | None]:
+        """:meth:`to_dict` with the window's points packed as little-endian int64 pairs
+        instead (``"points"`` then holds their count): 256 points pack in ~23 µs where their
+        JSON took ~145 µs, once per source per checkpoint. A coordinate past int64 keeps
+        them in the dict (packed None). :meth:`from_dict` reads either."""
+        try:
+            packed = struct.pack(
+                f"<{2 * len(self.points)}q", *itertools.chain.from_iterable(self.points)
+            )
+        except struct.error:
+            return self.to_dict(), None
+        doc = {
+            "points": len(self.points),
+            "candidates": [list(p) for p in self.candidates],
+            "since_step": self.since_step,
+        }
+        return doc, packed
+
     @classmethod
     def from_dict(
-        cls, doc: dict[str, Any], settings: ClockSettings | None = None
+        cls, doc: dict[str, Any], settings: ClockSettings | None = None, packed: bytes = b""
     ) -> ClockEstimator:
+        """The estimator :meth:`to_dict` wrote, or :meth:`to_parts` with its ``packed``
+        points."""
         est = cls(settings or ClockSettings())
-        est.points = deque((int(x), int(y)) for x, y in doc["points"])
+        if isinstance(doc["points"], int):
+            if len(packed) != 16 * doc["points"]:
+                raise ValueError(f"{len(packed)} bytes for {doc['points']} clock points")
+            flat = iter(struct.unpack(f"<{2 * doc['points']}q", packed))
+            est.points = deque(zip(flat, flat, strict=True))
+        else:
+            est.points = deque((int(x), int(y)) for x, y in doc["points"])
         est.candidates = [(int(x), int(y)) for x, y in doc["candidates"]]
         est.since_step = int(doc["since_step"])
         if est.points:

@@ -194,13 +194,15 @@ def bench_worker_freshness(
     interval_ns: int = S,
     substeps: int = 10,
     label: str = "worker_alone",
+    spread: bool = False,
 ) -> None:
     """Freshness to the refined topic with the worker alone (and the broker) on the machine,
     at the load :func:`bench_pipeline` uses: the issue's own setting, and what the worker
     adds when detect and the lander do not share its cores. Exporters publish every
     ``interval_ns`` with ``substeps`` GPU/NIC samples each; the node count gives the same
-    samples/s at any interval. Adds its figures, named ``label_*``, to ``fresh`` (the
-    pipeline run's freshness result)."""
+    samples/s at any interval. ``spread`` gives each node a phase of its own (see
+    :class:`~services.simulate.engine.Simulation`) instead of all publishing at once. Adds its
+    figures, named ``label_*``, to ``fresh`` (the pipeline run's freshness result)."""
     per_node = samples_per_node_s(interval_ns, substeps)
     nodes = _half_load_nodes(worker_max_rate, per_node)[1]
     prefix = k.fresh_topics()
@@ -214,6 +216,7 @@ def bench_worker_freshness(
         interval_ns=interval_ns,
         substeps=substeps,
         duration_ns=seconds * S,
+        spread=spread,
     )
     from services.bench.harness import process_cpu_s
 
@@ -227,7 +230,8 @@ def bench_worker_freshness(
     per_sample, newest = _refined_freshness(k, prefix)
     busy = (box1 - box0) / wall if box0 is not None and box1 is not None else float("nan")
     own = (cpu1 - cpu0) / wall if cpu0 is not None and cpu1 is not None else float("nan")
-    note = (f"worker alone, {nodes} nodes publishing every {interval_ns / S:g}s; "
+    phases = "phases spread" if spread else "in lockstep"
+    note = (f"worker alone, {nodes} nodes publishing every {interval_ns / S:g}s {phases}; "
             f"machine {busy:.2f} cores, worker {own:.2f}")  # fmt: skip
     fresh.add(f"{label}_publish_samples_per_s", rep.samples_per_s, "samples/s", note=note)
     fresh.add(f"{label}_refined_p99_s", _p(per_sample, 0.99), "s", "<=", 1.0,

@@ -11,6 +11,14 @@ publish once a tick) — plus an ``events`` batch when something happened, and p
 Time: true time ``t`` runs from ``start_ns`` in steps of ``interval_ns``; every timestamp a
 source writes (``ts_ns``, ``sent_ns``) is in its node's clock (:mod:`.clocks`). A batch is
 sent 0.5-3 ms after its last sample and reaches the broker after the network delay.
+
+Phases: by default every node samples on the same grid (``t``, ``t + interval/substeps``, …),
+so all nodes publish within a few ms of each other once a tick (lockstep: what exporters
+aligned to the second do, and the burst a pipeline meets then). ``spread=True`` gives each
+node a fixed phase in ``[0, interval)`` (whole ms, from the seed): its samples and sends are
+that much later in every tick, as exporters started at unrelated moments run (``refinery
+export node`` scrapes every interval from its own start). Events, collectives and fault
+windows keep the unshifted grid.
 Everything is deterministic in ``seed`` and ``start_ns``.
 """
 
@@ -54,7 +62,8 @@ EXPORTERS = ("node", "gpu", "nic")
 
 
 class Simulation:
-    """A seeded simulated cluster run. ``duration_ns`` None runs forever. Not thread-safe."""
+    """A seeded simulated cluster run. ``duration_ns`` None runs forever; ``spread`` gives
+    each node's exporters a phase of their own (module docstring). Not thread-safe."""
 
     def __init__(
         self,
@@ -66,11 +75,13 @@ class Simulation:
         duration_ns: int | None = None,
         substeps: int = 10,
         ops_per_tick: int = 4,
+        spread: bool = False,
     ) -> None:
         self.cluster = cluster
         self.faults = faults if isinstance(faults, FaultSpec) else parse_faults(faults)
         self.seed, self.interval_ns, self.start_ns = seed, interval_ns, start_ns
         self.duration_ns, self.substeps, self.ops_per_tick = duration_ns, substeps, ops_per_tick
+        self.spread = spread
         self.window_ns = min(duration_ns or WINDOW_MAX_NS, WINDOW_MAX_NS)
         self.window_ns = max(interval_ns, self.window_ns // interval_ns * interval_ns)
         self.incidents: list[Incident] = []
@@ -123,6 +134,13 @@ class _Run:
             GpuGen(self.n, c.gpus, busy_gpu, rng),
             NicGen(self.n, c.nics, self.busy, rng),
         )
+        # each node's phase within a tick (ns, whole ms): zero in lockstep
+        self.phase = np.zeros(self.n, np.int64)
+        if sim.spread:
+            ms = np.random.default_rng([sim.seed, 6]).integers(
+                0, max(1, self.iv // 1_000_000), self.n
+            )
+            self.phase = ms.astype(np.int64) * 1_000_000
         s = sim.substeps
         self.builders = (
             TableBuilder(node_layout(c.cpus)),
@@ -265,9 +283,10 @@ class _Run:
         ):
             steps = b.layout.substeps
             true_ts = t + np.arange(steps, dtype=np.int64) * (iv // steps)
-            tables = b.tables(true_ts[None, :] + off[:, None], b.merge_values(val, raw), raw)
+            when = true_ts[None, :] + (off + self.phase)[:, None]  # each node's clock
+            tables = b.tables(when, b.merge_values(val, raw), raw)
             for i in map(int, up):
-                sent = int(true_ts[-1] + delay[i, e])
+                sent = int(true_ts[-1] + self.phase[i] + delay[i, e])
                 env = self.envelope(
                     int(i), exporter, PayloadKind.SAMPLES, sent + int(off[i]), int(off[i])
                 )

@@ -5,7 +5,10 @@ transport seq window for the current boot, its clock estimator, watermark and cl
 flag. One blob per *node*: the overlap state across its sources (Arrow). Tables are compact
 Arrow IPC, so a checkpoint costs a memcpy-like encode rather than a Python walk per series.
 
-Frame: ``b"RST1" | u32 meta_len | meta JSON | u32 len | Arrow IPC`` (+ a second IPC part).
+Frame: ``b"RST1" | u32 meta_len | meta JSON | u32 len | part`` and more parts, each with its
+length. A stream's parts: counters (Arrow IPC), seq window (Arrow IPC), and the clock window's
+points packed as int64 pairs when its meta gives their count (blobs written before that keep
+them in the meta JSON, and still decode).
 """
 
 from __future__ import annotations
@@ -94,15 +97,19 @@ class StreamState:
             )
             seqs_ipc = ipc_stream_parts(seq_table)
             seq_meta = {"window": self.seqs.window, "hwm": self.seqs.hwm}
+        clock, points = self.clock.to_parts() if self.clock is not None else (None, None)
         meta = {
             "boot_id": self.boot_id,
             "seqs": seq_meta,
-            "clock": self.clock.to_dict() if self.clock is not None else None,
+            "clock": clock,
             "watermark": self.watermark,
             "clock_flagged": self.clock_flagged,
             "clock_onset": self.clock_onset,
         }
-        return _frame(meta, [ipc_stream_parts(self.counters.table), seqs_ipc])
+        parts = [ipc_stream_parts(self.counters.table), seqs_ipc]
+        if points is not None:  # the clock window's points, packed (third part)
+            parts.append([points])
+        return _frame(meta, parts)
 
     @classmethod
     def decode(cls, blob: bytes, clock_settings: ClockSettings | None = None) -> StreamState:
@@ -128,7 +135,9 @@ class StreamState:
                 },
             )
         clock = (
-            ClockEstimator.from_dict(meta["clock"], clock_settings)
+            ClockEstimator.from_dict(
+                meta["clock"], clock_settings, parts[2] if len(parts) > 2 else b""
+            )
             if meta["clock"] is not None
             else None
         )

@@ -114,6 +114,42 @@ def test_batches_are_large_and_decode() -> None:
         assert batch.envelope.source.exporter in ("node", "gpu", "nic")
 
 
+def test_spread_phases_shift_each_node_within_its_tick() -> None:
+    """``spread``: each node samples and sends at a phase of its own in every tick (the same
+    phase each tick, whole ms, under one interval); the same batches and samples as in
+    lockstep, sent over the tick instead of at its start."""
+    nodes, seconds = 12, 4
+
+    def raw(spread: bool) -> list[Message]:
+        sim = Simulation(
+            Cluster.build(nodes, seed=3), "none", seed=3, start_ns=T0,
+            duration_ns=seconds * S, spread=spread,
+        )  # fmt: skip
+        return [m for t in sim.ticks() for m in t.messages if m.stream is Stream.RAW]
+
+    lock, spread = raw(False), raw(True)
+    assert len(spread) == len(lock) == nodes * 3 * seconds
+    assert sum(m.samples for m in spread) == sum(m.samples for m in lock)
+    phase: dict[str, set[int]] = defaultdict(set)
+    for m in spread:
+        assert m.envelope is not None and m.table is not None
+        true_ts = np.asarray(m.table.column("ts_ns")) - m.offset_ns
+        tick = (int(true_ts.min()) - T0) // S
+        into = int(true_ts.min()) - T0 - tick * S  # the node's phase in this tick
+        phase[m.envelope.source.node].add(into)
+        assert 0 <= into < S and into % 1_000_000 == 0
+        assert m.sent_true_ns > true_ts.max() and m.due_ns > m.sent_true_ns
+    assert all(len(p) == 1 for p in phase.values())  # one phase per node, every tick
+    assert len({min(p) for p in phase.values()}) > nodes // 2  # and they differ
+    # lockstep: each exporter's sends within a few ms of each other (after the tick's last
+    # sample); spread: over the whole tick
+    for exporter in ("node", "gpu", "nic"):
+        mine = [m for m in lock if m.envelope and m.envelope.source.exporter == exporter]
+        assert np.ptp([m.due_ns % S for m in mine]) < 50_000_000
+        mine = [m for m in spread if m.envelope and m.envelope.source.exporter == exporter]
+        assert np.ptp([m.due_ns % S for m in mine]) > S // 2
+
+
 def test_values_within_catalog_ranges() -> None:
     _, msgs = run(4, "throttle", 20)
     vals: dict[str, list[float]] = defaultdict(list)

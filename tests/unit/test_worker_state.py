@@ -1,11 +1,13 @@
-"""The worker's state blobs: a stream's state round-trips, and a blob written before the
-counter state kept source times still loads (its aligned times stand in); a node's
-overlap state round-trips per source, and one written with a src column per point loads."""
+"""The worker's state blobs: a stream's state round-trips, its clock window packed or (past
+int64) in JSON, and blobs written before the counter state kept source times or before the
+clock points were packed still load; a node's overlap state round-trips per source, and one
+written with a src column per point loads."""
 
 from __future__ import annotations
 
 import pyarrow as pa
 
+from pipelines.clock import ClockEstimator
 from pipelines.counters import STATE_SCHEMA, CounterState
 from pipelines.dedupe import POINTS_SCHEMA, OverlapState, SeqWindow
 from schemas.codec import ipc_stream_parts
@@ -38,6 +40,47 @@ def test_a_blob_without_source_times_still_loads() -> None:
     back = StreamState.decode(blob)
     assert back.counters.table.schema.equals(STATE_SCHEMA)
     assert back.counters.table.column("src").to_pylist() == [100]
+
+
+def _clock(x0: int, n: int) -> ClockEstimator:
+    est = ClockEstimator()
+    for i in range(n):  # 10 ms apart, 1-3 ms of delay, one slow batch in seven
+        x = x0 + i * 10_000_000
+        est.observe(x, x + 1_000_000 + (i * 7919) % 2_000_000 + (50_000_000 if i % 7 == 0 else 0))
+    return est
+
+
+def _same_clock(a: ClockEstimator | None, b: ClockEstimator) -> None:
+    assert a is not None
+    assert (list(a.points), a.candidates, a.since_step) == (
+        list(b.points), b.candidates, b.since_step
+    )  # fmt: skip
+    x = b.points[-1][0] + 10_000_000
+    assert a.observe(x, x + 1_500_000) == b.observe(x, x + 1_500_000)  # the same from here
+
+
+def test_clock_window_round_trips_packed() -> None:
+    est = _clock(1_800_000_000 * 10**9, 300)
+    assert len(est.points) == est.settings.window
+    blob = StreamState(boot_id="b", clock=est, counters=_counters()).encode()
+    meta_len = int.from_bytes(blob[4:8], "little")
+    assert b'"points":%d' % len(est.points) in blob[8 : 8 + meta_len]  # a count, not a list
+    _same_clock(StreamState.decode(blob).clock, est)
+
+
+def test_clock_points_past_int64_stay_in_json() -> None:
+    est = _clock(2**63 - 10**9, 120)  # a clock running past 2262: Python ints, as sent
+    assert max(x for x, _ in est.points) >= 2**63
+    blob = StreamState(boot_id="b", clock=est, counters=_counters()).encode()
+    _same_clock(StreamState.decode(blob).clock, est)
+
+
+def test_a_blob_with_its_clock_points_in_json_still_loads() -> None:
+    est = _clock(1_800_000_000 * 10**9, 40)
+    meta = {"boot_id": "b", "seqs": None, "clock": est.to_dict(), "watermark": None,
+            "clock_flagged": False}  # fmt: skip
+    blob = _frame(meta, [ipc_stream_parts(_counters().table), []])
+    _same_clock(StreamState.decode(blob).clock, est)
 
 
 def _points(*rows: tuple[str, str, int]) -> pa.Table:
