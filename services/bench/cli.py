@@ -213,6 +213,15 @@ def _plan(
             bench_worker_freshness(
                 k, rate, sizes.pipeline_s, fresh, 200_000_000, 2, "worker_alone_200ms"
             )
+            # nodes publishing at phases of their own instead of all at once, every 1 s and
+            # every 0.5 s (GPU/NIC still at 10 Hz)
+            bench_worker_freshness(
+                k, rate, sizes.pipeline_s, fresh, label="worker_alone_spread", spread=True
+            )
+            bench_worker_freshness(
+                k, rate, sizes.pipeline_s, fresh, 500_000_000, 5, "worker_alone_spread_500ms",
+                spread=True,
+            )  # fmt: skip
             if "alert_latency" in names and rate is None:
                 return [fresh, half_alert]
         if "alert_latency" in names:

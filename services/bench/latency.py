@@ -18,7 +18,11 @@ worker alone (and the broker): the setting of the freshness goal, where detect a
 do not take the same two cores; and once more with exporters that publish every 0.2 s instead
 of every second (``worker_alone_200ms_*``, GPU and NIC series still at 10 Hz, the others
 sampled at each publish), at the same samples/s: what the per-sample figure is once the
-exporter's own batching no longer holds samples back for up to 0.9 s.
+exporter's own batching no longer holds samples back for up to 0.9 s. In these runs every
+node publishes within a few ms of the others (lockstep), so the worker meets one burst per
+interval and the last record of a burst waits for all before it. ``worker_alone_spread_*``
+gives each node a phase of its own, as exporters started at unrelated moments run, every 1 s
+and every 0.5 s.
 """
 
 from __future__ import annotations

@@ -41,7 +41,15 @@ FIGURES = {
         "refine_rss_gib_projected_1m_series",
     ],
     "clock": ["clock_p99_abs_error_ms", "clock_flag_batches_max"],
-    "freshness": ["refined_p99_s", "refined_newest_p99_s", "duckdb_p99_s", "load_vs_worker_max"],
+    "freshness": [
+        "refined_p99_s",
+        "refined_newest_p99_s",
+        "duckdb_p99_s",
+        "load_vs_worker_max",
+        "worker_alone_refined_p99_s",
+        "worker_alone_spread_refined_p99_s",
+        "worker_alone_spread_500ms_refined_p99_s",
+    ],
     "lake": [
         "landing_to_write_table_ratio",
         "bytes_per_sample_compacted",
