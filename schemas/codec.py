@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterable
 from typing import Any, Generic, TypeVar
 
 import pyarrow as pa
@@ -276,30 +277,65 @@ def _decode_json(body: bytes) -> Batch:
 def _decode_arrow(body: bytes) -> Batch:
     buf = pa.py_buffer(body)
     # row counts and decompressed sizes are bounded before anything is decompressed
-    check_ipc_stream(buf, max_rows=MAX_ROWS, max_decoded_bytes=MAX_DECODED_BYTES)
+    messages = check_ipc_stream(buf, max_rows=MAX_ROWS, max_decoded_bytes=MAX_DECODED_BYTES)
+    if (
+        messages
+        and messages[0].type == "schema"
+        and all(m.type == "record batch" for m in messages[1:])
+    ):  # what exporters send: the batches are built from the messages the check read
+        return _decode_messages(messages)
     try:
         reader = pa.ipc.open_stream(buf)
     except (pa.ArrowInvalid, OSError) as e:
         raise RejectedInput(Reason.UNDECODABLE, f"not an Arrow IPC stream: {e}"[:300]) from e
-    meta = reader.schema.metadata or {}
-    raw_env = meta.get(ENVELOPE_KEY)
-    if raw_env is None:
-        raise RejectedInput(Reason.BAD_ENVELOPE, "schema metadata has no refinery.envelope")
+    return _assemble(reader.schema, reader)
+
+
+def _decode_messages(messages: list[pa.ipc.Message]) -> Batch:
+    """:func:`_decode_arrow` for a stream of a schema and record batches only (no
+    dictionaries), from its messages as :func:`check_ipc_stream` read them: the stream is
+    not parsed a second time (~50 µs less per record of a few hundred rows)."""
     try:
-        env_doc = json.loads(raw_env)
-    except ValueError as e:
-        raise RejectedInput(Reason.BAD_ENVELOPE, "envelope metadata is not JSON") from e
-    envelope = _envelope(env_doc)
-    batches = []
+        schema = pa.ipc.read_schema(messages[0])
+    except (pa.ArrowInvalid, OSError) as e:
+        raise RejectedInput(Reason.UNDECODABLE, f"not an Arrow IPC stream: {e}"[:300]) from e
+    return _assemble(schema, (pa.ipc.read_record_batch(m, schema) for m in messages[1:]))
+
+
+def _assemble(schema: pa.Schema, batches: Iterable[pa.RecordBatch]) -> Batch:
+    """The batch of a stream with this schema and these record batches, each decompressed
+    only when the one before it was checked, so the bound holds as they come."""
+    envelope = _envelope_bytes((schema.metadata or {}).get(ENVELOPE_KEY))
+    kept = []
     total = 0
-    for rb in reader:  # decompresses one record batch at a time, so the bound holds as we go
+    for rb in batches:
         total += rb.nbytes
         if total > MAX_DECODED_BYTES:
             raise RejectedInput(Reason.OVERSIZED, f"decoded size over {MAX_DECODED_BYTES} bytes")
         rb.validate(full=True)  # offsets and lengths in range before any kernel reads them
-        batches.append(rb)
-    table = pa.Table.from_batches(batches, schema=reader.schema)
+        kept.append(rb)
+    table = pa.Table.from_batches(kept, schema=schema)
     return Batch(envelope=envelope, table=_conform(table, PAYLOAD_SCHEMAS[envelope.kind]))
+
+
+def _envelope_bytes(raw_env: bytes | None) -> Envelope:
+    """The envelope from the schema metadata's JSON: parsed and validated in one step by
+    pydantic (~11 µs less than ``json.loads`` and a dict validation), strictly (no "1" for
+    1), so it accepts nothing the long way would refuse; anything it refuses goes the long
+    way, which accepts or rejects it for the exact reason :func:`_envelope` gives."""
+    if raw_env is None:
+        raise RejectedInput(Reason.BAD_ENVELOPE, "schema metadata has no refinery.envelope")
+    try:
+        env = Envelope.model_validate_json(raw_env, strict=True)
+        if env.schema_version in SUPPORTED_SCHEMA_VERSIONS:
+            return env
+    except ValidationError:
+        pass
+    try:
+        env_doc = json.loads(raw_env)
+    except ValueError as e:
+        raise RejectedInput(Reason.BAD_ENVELOPE, "envelope metadata is not JSON") from e
+    return _envelope(env_doc)
 
 
 def is_finite(x: float | None) -> bool:

@@ -119,20 +119,24 @@ def _allocation(batch: _Table, body: pa.Buffer | None) -> int:
     return int(np.minimum(sizes, 1 << 40).sum())
 
 
-def check_ipc_stream(buf: pa.Buffer, *, max_rows: int, max_decoded_bytes: int) -> None:
+def check_ipc_stream(
+    buf: pa.Buffer, *, max_rows: int, max_decoded_bytes: int
+) -> list[pa.ipc.Message]:
     """Raise RejectedInput unless the IPC stream in ``buf`` stays within ``max_rows`` rows per
     record batch, ``max_decoded_bytes`` decompressed bytes in all, :data:`MAX_MESSAGES`
-    messages and :data:`MAX_BUFFERS` buffers per batch. Decompresses nothing."""
+    messages and :data:`MAX_BUFFERS` buffers per batch. Decompresses nothing. Returns the
+    messages read (views of ``buf``), for a caller that builds the batches from them rather
+    than reading the stream a second time."""
     reader = pa.ipc.MessageReader.open_stream(buf)
-    messages = 0
+    read: list[pa.ipc.Message] = []
     total = 0
     while True:
         try:
             msg = reader.read_next_message()
         except StopIteration:
-            return
-        messages += 1
-        if messages > MAX_MESSAGES:
+            return read
+        read.append(msg)
+        if len(read) > MAX_MESSAGES:
             raise RejectedInput(Reason.OVERSIZED, f"more than {MAX_MESSAGES} IPC messages")
         if msg.type not in ("record batch", "dictionary batch"):
             continue
