@@ -1,0 +1,25 @@
+"""``refinery worker`` arguments: ``--take-within-ms`` reaches the worker's configuration
+in seconds, and a bad value is one line naming the argument, exit 2, before anything runs."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.cli import build_parser, main
+
+
+def test_take_within_ms_is_read_in_milliseconds() -> None:
+    args = build_parser().parse_args(["worker", "--take-within-ms", "12.5"])
+    assert args.take_within_ms == 12.5
+    assert build_parser().parse_args(["worker"]).take_within_ms == 50.0
+
+
+@pytest.mark.parametrize(("value", "says"), [("0", "expected 1 to 10000"), ("x", "'x' is not")])
+def test_a_bad_take_within_is_one_line_and_exit_2(
+    value: str, says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as ei:
+        main(["worker", "--take-within-ms", value])
+    assert ei.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--take-within-ms" in err and says in err, err
