@@ -47,8 +47,7 @@ FIGURES = {
         "duckdb_p99_s",
         "load_vs_worker_max",
         "worker_alone_refined_p99_s",
-        "worker_alone_spread_refined_p99_s",
-        "worker_alone_spread_500ms_refined_p99_s",
+        "worker_alone_spread_refined_p99_s",  # (0.2 s lockstep and 0.5 s spread: not smoke)
     ],
     "lake": [
         "landing_to_write_table_ratio",
