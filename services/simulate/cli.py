@@ -52,6 +52,12 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument(
         "--speed", type=float, default=1.0, help="true time / wall time; 0 or inf: flat out"
     )
+    p.add_argument(
+        "--spread",
+        action="store_true",
+        help="each node's exporters at a phase of their own in the interval "
+        "(default: all publish at once, in lockstep)",
+    )
     p.add_argument("--seed", type=int, required=True)
     p.add_argument(
         "--faults", default="none", help='"all", "none" or a list, see services.simulate.faults'
@@ -86,6 +92,7 @@ def cmd_simulate(args: argparse.Namespace, settings: RefinerySettings) -> int:
         interval_ns=interval,
         duration_ns=duration,
         substeps=args.substeps,
+        spread=args.spread,
     )
     kafka = settings.kafka()
     if args.bootstrap:

@@ -470,6 +470,8 @@ def test_cli_parser_accepts_the_documented_flags() -> None:
             "t.parquet",
             "--stdout-summary",
             "--json",
+            "--spread",
         ]
     )
     assert a.handler is cmd_simulate and a.nodes == 4 and a.speed == 10.0 and a.json
+    assert a.spread and not p.parse_args(["simulate", "--nodes", "1", "--seed", "1"]).spread
