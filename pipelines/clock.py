@@ -270,8 +270,11 @@ class ClockEstimator:
         )
 
     def to_dict(self) -> dict[str, Any]:
+        return self._doc([list(p) for p in self.points])
+
+    def _doc(self, points: list[list[int]] | int) -> dict[str, Any]:
         return {
-            "points": [list(p) for p in self.points],
+            "points": points,
             "candidates": [list(p) for p in self.candidates],
             "since_step": self.since_step,
         }
@@ -287,12 +290,7 @@ class ClockEstimator:
             )
         except struct.error:
             return self.to_dict(), None
-        doc = {
-            "points": len(self.points),
-            "candidates": [list(p) for p in self.candidates],
-            "since_step": self.since_step,
-        }
-        return doc, packed
+        return self._doc(len(self.points)), packed
 
     @classmethod
     def from_dict(

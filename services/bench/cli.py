@@ -201,6 +201,7 @@ def _plan(
         behind and then measures the backlog, not the alerting path. The floor run's
         freshness is reported next to the other, and the half-load run's alert latency next
         to the floor run's (no goal: it shows what load does to it)."""
+        from services.bench.harness import S
         from services.bench.latency import bench_pipeline, bench_worker_freshness
 
         out = []
@@ -211,21 +212,20 @@ def _plan(
         if "freshness" in names:
             fresh, half_alert = bench_pipeline(k, rate, sizes.pipeline_s, sizes.incidents_per_kind)
             out.append(fresh)
-            bench_worker_freshness(k, rate, sizes.pipeline_s, fresh)
-            if sizes.all_intervals:  # the same with exporters publishing every 0.2 s
-                bench_worker_freshness(
-                    k, rate, sizes.pipeline_s, fresh, 200_000_000, 2, "worker_alone_200ms"
-                )
-            # nodes publishing at phases of their own instead of all at once, every 1 s and
-            # every 0.5 s (GPU/NIC still at 10 Hz)
-            bench_worker_freshness(
-                k, rate, sizes.pipeline_s, fresh, label="worker_alone_spread", spread=True
-            )
-            if sizes.all_intervals:
-                bench_worker_freshness(
-                    k, rate, sizes.pipeline_s, fresh, 500_000_000, 5,
-                    "worker_alone_spread_500ms", spread=True,
-                )  # fmt: skip
+            # the worker alone: (publish interval, GPU/NIC samples each, label, phases
+            # spread); all nodes at once every 1 s and every 0.2 s, then each node at a phase
+            # of its own every 1 s and every 0.5 s (GPU/NIC always at 10 Hz)
+            runs = [
+                (S, 10, "worker_alone", False, True),
+                (S // 5, 2, "worker_alone_200ms", False, sizes.all_intervals),
+                (S, 10, "worker_alone_spread", True, True),
+                (S // 2, 5, "worker_alone_spread_500ms", True, sizes.all_intervals),
+            ]
+            for interval, substeps, label, spread, wanted in runs:
+                if wanted:
+                    bench_worker_freshness(
+                        k, rate, sizes.pipeline_s, fresh, interval, substeps, label, spread
+                    )
             if "alert_latency" in names and rate is None:
                 return [fresh, half_alert]
         if "alert_latency" in names:
