@@ -138,3 +138,67 @@ def apply_topics(
                     old = current[k].value if k in current else None
                     changes.append(Change(spec.name, "config", f"{k}: {old} -> {v}"))
     return changes
+
+
+def _transient(code: int, retriable: bool) -> bool:
+    """Errors a metadata or watermark query meets while a new topic's leaders are elected
+    or a leader moves: asked again. Anything else (authorization above all) is not."""
+    from confluent_kafka import KafkaError
+
+    return retriable or code in {
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError.FENCED_LEADER_EPOCH,
+        KafkaError.UNKNOWN_LEADER_EPOCH,
+        KafkaError.UNKNOWN_TOPIC_OR_PART,  # metadata of a new topic not everywhere yet
+        KafkaError.REQUEST_TIMED_OUT,
+        KafkaError.BROKER_NOT_AVAILABLE,
+        KafkaError.REPLICA_NOT_AVAILABLE,
+        KafkaError.NETWORK_EXCEPTION,
+        KafkaError.OFFSET_NOT_AVAILABLE,
+        KafkaError._TRANSPORT,
+        KafkaError._TIMED_OUT,
+        KafkaError._ALL_BROKERS_DOWN,
+        KafkaError._UNKNOWN_PARTITION,
+        KafkaError._UNKNOWN_TOPIC,
+    }
+
+
+def watermarks(
+    conf: dict[str, Any], topic: str, deadline_s: float = 60.0
+) -> dict[int, tuple[int, int]]:
+    """Low and high watermark of every partition of ``topic`` at the cluster at ``conf``.
+
+    A topic created a moment ago answers "not leader" until its leaders are elected: such
+    transient errors are retried with backoff until ``deadline_s`` has passed, then
+    raised; any other error is raised at once."""
+    import time
+    import uuid
+
+    from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+
+    c = Consumer({**conf, "group.id": f"refinery-marks-{uuid.uuid4().hex[:8]}", "log_level": 0})
+    deadline = time.monotonic() + deadline_s
+    backoff = 0.2
+    try:
+        while True:
+            timeout = min(10.0, max(1.0, deadline - time.monotonic()))
+            try:
+                tmd = c.list_topics(topic, timeout=timeout).topics[topic]
+                if tmd.error is not None:
+                    raise KafkaException(tmd.error)
+                out: dict[int, tuple[int, int]] = {}
+                for p in sorted(tmd.partitions):
+                    lo, hi = c.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout)
+                    out[p] = (int(lo), int(hi))
+                return out
+            except KafkaException as e:
+                err = e.args[0] if e.args and isinstance(e.args[0], KafkaError) else None
+                if err is None or not _transient(err.code(), err.retriable()):
+                    raise
+                if time.monotonic() + backoff > deadline:
+                    raise
+            time.sleep(backoff)
+            backoff = min(backoff * 2, 2.0)
+    finally:
+        c.close()

@@ -112,15 +112,10 @@ def _start(mode: str, root: Path) -> Target:
 
 
 def _ends(conf: dict[str, Any], topic: str) -> dict[int, int]:
-    """High watermark of every partition of ``topic``."""
-    from confluent_kafka import Consumer, TopicPartition
+    """High watermark of every partition of ``topic`` (transient "not leader" retried)."""
+    from services.topics import watermarks
 
-    c = Consumer({**conf, "group.id": f"refinery-bench-{uuid.uuid4().hex[:8]}", "log_level": 0})
-    try:
-        parts = c.list_topics(topic, timeout=20).topics[topic].partitions
-        return {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=20)[1] for p in parts}
-    finally:
-        c.close()
+    return {p: hi for p, (_lo, hi) in watermarks(conf, topic).items()}
 
 
 def _produce(t: Target, batches: list[Batch]) -> tuple[float, float, float]:

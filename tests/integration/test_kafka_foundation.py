@@ -98,6 +98,23 @@ def test_topics_apply_is_idempotent(kafka_bootstrap: str) -> None:
     assert cfg["message.timestamp.type"].value == "LogAppendTime"
 
 
+def test_watermarks_of_a_topic_created_a_moment_ago(kafka_bootstrap: str) -> None:
+    """Asked right after the create returns, before leaders may be elected: every
+    partition answers (0, 0) and unknown topics still fail."""
+    from confluent_kafka import KafkaException
+
+    from services.topics import watermarks
+
+    prefix = f"test{uuid.uuid4().hex[:6]}."
+    specs = [s for s in load_topic_specs(prefix=prefix) if s.name.endswith("telemetry.raw")]
+    conf = {"bootstrap.servers": kafka_bootstrap}
+    apply_topics(conf, specs)
+    marks = watermarks(conf, specs[0].name)
+    assert marks == {p: (0, 0) for p in range(specs[0].partitions)}
+    with pytest.raises(KafkaException):
+        watermarks({**conf, "allow.auto.create.topics": False}, prefix + "absent", deadline_s=3)
+
+
 def test_log_append_time_is_broker_time(
     kafka_bootstrap: str, unique_topic: Callable[..., str]
 ) -> None:

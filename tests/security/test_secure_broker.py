@@ -31,12 +31,12 @@ from confluent_kafka import (
     KafkaError,
     KafkaException,
     Producer,
-    TopicPartition,
 )
 from confluent_kafka.admin import AdminClient
 
 from services.security.acls import load_acl_spec
 from services.security.local import PRINCIPALS, SecureMaterial
+from services.topics import watermarks
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[2]
@@ -221,59 +221,9 @@ def test_authentication_is_required(secure: Secure) -> None:
     assert denied[0] is not None and denied[0].code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
 
 
-# Errors a watermark query can meet while the cluster is busy or a leader moves; the query
-# is asked again. Anything else (authorization above all) fails at once.
-_TRANSIENT = {
-    KafkaError.NOT_LEADER_FOR_PARTITION,
-    KafkaError.LEADER_NOT_AVAILABLE,
-    KafkaError.FENCED_LEADER_EPOCH,
-    KafkaError.UNKNOWN_LEADER_EPOCH,
-    KafkaError.UNKNOWN_TOPIC_OR_PART,  # metadata of a new topic not everywhere yet
-    KafkaError.REQUEST_TIMED_OUT,
-    KafkaError.BROKER_NOT_AVAILABLE,
-    KafkaError.REPLICA_NOT_AVAILABLE,
-    KafkaError.NETWORK_EXCEPTION,
-    KafkaError.OFFSET_NOT_AVAILABLE,
-    KafkaError._TRANSPORT,
-    KafkaError._TIMED_OUT,
-    KafkaError._ALL_BROKERS_DOWN,
-    KafkaError._UNKNOWN_PARTITION,
-    KafkaError._UNKNOWN_TOPIC,
-}
-
-
-def _transient(err: KafkaError) -> bool:
-    return err.code() in _TRANSIENT or err.retriable()
-
-
 def _watermarks(conf: dict[str, Any], topic: str, deadline_s: float = 60.0) -> int:
-    """Records in ``topic`` (sum of high - low watermarks over its partitions). A "not
-    leader", timeout or other transient error is retried with backoff until ``deadline_s``
-    has passed, then raised; any other error is raised at once."""
-    c = Consumer({**conf, "group.id": "refinery-count", "log_level": 0})
-    deadline = time.monotonic() + deadline_s
-    backoff = 0.2
-    try:
-        while True:
-            timeout = min(10.0, max(1.0, deadline - time.monotonic()))
-            try:
-                md = c.list_topics(topic, timeout=timeout)
-                tmd = md.topics[topic]
-                if tmd.error is not None:
-                    raise KafkaException(tmd.error)
-                total = 0
-                for p in tmd.partitions:
-                    lo, hi = c.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout)
-                    total += hi - lo
-                return total
-            except KafkaException as e:
-                err = e.args[0] if e.args and isinstance(e.args[0], KafkaError) else None
-                if err is None or not _transient(err) or time.monotonic() + backoff > deadline:
-                    raise
-            time.sleep(backoff)
-            backoff = min(backoff * 2, 2.0)
-    finally:
-        c.close()
+    """Records in ``topic`` (sum of high - low watermarks over its partitions)."""
+    return sum(hi - lo for lo, hi in watermarks(conf, topic, deadline_s).values())
 
 
 def test_pipeline_runs_under_its_own_principals(secure: Secure, tmp_path: Path) -> None:
