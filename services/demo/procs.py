@@ -59,19 +59,10 @@ def spawn(name: str, args: list[str], env: dict[str, str], logdir: Path) -> Chil
 
 
 def end_offsets(conf: dict[str, Any], topics: list[str]) -> dict[tuple[str, int], int]:
-    from confluent_kafka import Consumer, TopicPartition
+    """High watermark of every partition of ``topics`` (a new topic's "not leader" retried)."""
+    from services.topics import watermarks
 
-    c = Consumer({**conf, "group.id": "refinery-demo-probe", "enable.auto.commit": False})
-    try:
-        md = c.list_topics(timeout=10)
-        out = {}
-        for t in topics:
-            for p in md.topics[t].partitions:
-                _, hi = c.get_watermark_offsets(TopicPartition(t, p), timeout=10)
-                out[(t, p)] = hi
-        return out
-    finally:
-        c.close()
+    return {(t, p): hi for t in topics for p, (_lo, hi) in watermarks(conf, t).items()}
 
 
 def group_lag(conf: dict[str, Any], group: str, topics: list[str]) -> int:
