@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipelines._arrow import column, take, true_mask
-from pipelines.clock import ClockEstimate, ClockEstimator, ClockSettings, align
+from pipelines.clock import ClockEstimate, ClockEstimator, ClockSettings
 from pipelines.counters import (
     CounterLayout,
     CounterPart,
@@ -260,10 +260,18 @@ def _refine_wave(
         acc = accepted.filter(pa.concat_arrays(keeps) if len(keeps) > 1 else keeps[0])
     m_all = acc.num_rows
 
+    # every per-batch value (source, position, clock estimate, watermark) repeated over its
+    # batch's rows by one take over a table of one row per batch
+    marks = []
+    for x in live:
+        mark = state.watermarks.get(x.item.batch.envelope.source.stream_key())
+        marks.append(mark - settings.lateness_ns if mark is not None else None)
+    per = _per_batch(live, marks, counts)
+
     # clock alignment, vectorized with each row's own batch estimate
     ts_source = column(acc, "ts_ns")
-    ts, offset = _align_rows(ts_source, [x.clock for x in live], counts)
-    error = _repeat([x.clock.error_ns for x in live], counts, pa.int64())
+    ts, offset = _align_rows(ts_source, [x.clock for x in live], per)
+    error = column(per, "clock_error_ns")
 
     # counters: every stream of the wave in one pass, each with its own state
     keys = [x.item.batch.envelope.source.stream_key() for x in live]
@@ -283,19 +291,15 @@ def _refine_wave(
     decoded = decoder.decode(acc)
 
     # lateness against each stream's watermark before this batch; then move the watermarks
-    marks = []
     ts_np = ts.to_numpy(zero_copy_only=False) if m_all else np.zeros(0, np.int64)
     for j, x in enumerate(live):
-        stream = x.item.batch.envelope.source.stream_key()
-        mark = state.watermarks.get(stream)
-        m = int(counts[j])
-        marks.append(mark - settings.lateness_ns if mark is not None else None)
-        if m:
+        if counts[j]:
+            stream = x.item.batch.envelope.source.stream_key()
+            mark = state.watermarks.get(stream)
             top = int(ts_np[rstart[j] : rstart[j + 1]].max())
             state.watermarks[stream] = top if mark is None else max(mark, top)
     if any(mk is not None for mk in marks) and m_all:
-        floor = _repeat(marks, counts, pa.int64())
-        late_all = pc.or_(late_all, true_mask(pc.less(ts, floor)))
+        late_all = pc.or_(late_all, true_mask(pc.less(ts, column(per, "floor"))))
 
     enr_parts = []
     acc_device = column(acc, "device")
@@ -305,12 +309,8 @@ def _refine_wave(
         enr_parts.append(topology.enrich(node, acc_device.slice(lo, m), ts.slice(lo, m)))
     enr = enr_parts[0] if len(enr_parts) == 1 else pa.concat_tables(enr_parts)
 
-    def per_batch(values: list[Any], typ: pa.DataType) -> Any:
-        return _repeat(values, counts, typ)
-
-    srcs = [x.item.batch.envelope.source for x in live]
     arrays = {
-        "node": per_batch([s.node for s in srcs], pa.string()),
+        "node": column(per, "node"),
         "device": acc_device,
         "metric": column(acc, "metric"),
         "unit": column(acc, "unit"),
@@ -327,12 +327,7 @@ def _refine_wave(
         "late": late_all,
         "decoded": decoded,
         **{name: column(enr, name) for name in enr.column_names},
-        "exporter": per_batch([s.exporter for s in srcs], pa.string()),
-        "instance": per_batch([s.instance for s in srcs], pa.string()),
-        "boot_id": per_batch([s.boot_id for s in srcs], pa.string()),
-        "seq": per_batch([x.item.batch.envelope.seq for x in live], pa.int64()),
-        "raw_partition": per_batch([x.item.position[0] for x in live], pa.int32()),
-        "raw_offset": per_batch([x.item.position[1] for x in live], pa.int64()),
+        **{name: column(per, name) for name in _SOURCE_COLUMNS},
     }
     refined = pa.Table.from_arrays([arrays[f.name] for f in REFINED_SCHEMA], schema=REFINED_SCHEMA)
     for j, x in enumerate(live):
@@ -369,39 +364,43 @@ def _layout(state: RefineState, live: list[_Live]) -> LayoutCache | None:
     return layout
 
 
-def _repeat(values: list[Any], counts: Any, typ: pa.DataType) -> Any:
-    """``values[j]`` repeated ``counts[j]`` times, as one array."""
-    if len(values) == 1:
-        return pa.repeat(pa.scalar(values[0], typ), int(counts[0]))
-    if typ == pa.string() and all(isinstance(v, str) for v in values):
-        # the bytes of each run written once, no per-row take
-        data = [v.encode() for v in values]
-        lens = np.fromiter(map(len, data), np.int64, len(data))
-        if int(np.dot(lens, counts)) < 2**31:  # the offsets are int32
-            offsets = np.zeros(int(np.sum(counts)) + 1, np.int32)
-            np.cumsum(np.repeat(lens.astype(np.int32), counts), out=offsets[1:])
-            body = b"".join([d * int(c) for d, c in zip(data, counts, strict=True)])
-            return pa.StringArray.from_buffers(
-                len(offsets) - 1, pa.py_buffer(offsets), pa.py_buffer(body)
-            )
-    idx = np.repeat(np.arange(len(values), dtype=np.int32), counts)
-    return take(pa.array(values, typ), pa.array(idx))
+_SOURCE_COLUMNS = ("exporter", "instance", "boot_id", "seq", "raw_partition", "raw_offset")
 
 
-def _align_rows(ts_source: Any, clocks: list[ClockEstimate], counts: Any) -> tuple[Any, Any]:
-    """Aligned ts and the offset applied, each row with its own batch's estimate (the same
-    arithmetic as :func:`pipelines.clock.align`)."""
-    if len(clocks) == 1:
-        ts1, off1, _ = align(ts_source, clocks[0])
-        return ts1, off1
+def _per_batch(live: list[_Live], marks: list[int | None], counts: Any) -> pa.Table:
+    """One row per batch of the wave (its source, raw position, clock estimate and lateness
+    floor) repeated ``counts[j]`` times: the per-row columns of those values, in one take."""
+    srcs = [x.item.batch.envelope.source for x in live]
+    clocks = [x.clock for x in live]
+    rows = pa.table(
+        {
+            "node": pa.array([s.node for s in srcs], pa.string()),
+            "exporter": pa.array([s.exporter for s in srcs], pa.string()),
+            "instance": pa.array([s.instance for s in srcs], pa.string()),
+            "boot_id": pa.array([s.boot_id for s in srcs], pa.string()),
+            "seq": pa.array([x.item.batch.envelope.seq for x in live], pa.int64()),
+            "raw_partition": pa.array([x.item.position[0] for x in live], pa.int32()),
+            "raw_offset": pa.array([x.item.position[1] for x in live], pa.int64()),
+            "clock_offset_ns": pa.array([c.offset_ns for c in clocks], pa.int64()),
+            "clock_error_ns": pa.array([c.error_ns for c in clocks], pa.int64()),
+            "anchor_ns": pa.array([c.anchor_ns for c in clocks], pa.int64()),
+            "drift": pa.array([c.drift_ppm * 1e-6 for c in clocks], pa.float64()),
+            "floor": pa.array(marks, pa.int64()),
+        }
+    )
+    idx = np.repeat(np.arange(len(live), dtype=np.int32), counts)
+    return take(rows, pa.array(idx))  # positions of its own rows
+
+
+def _align_rows(ts_source: Any, clocks: list[ClockEstimate], per: pa.Table) -> tuple[Any, Any]:
+    """Aligned ts and the offset applied, each row with its own batch's estimate (the
+    arithmetic of :func:`pipelines.clock.align`, the estimate's values per row in ``per``)."""
     ts = pc.cast(ts_source, pa.int64())
-    offsets = _repeat([c.offset_ns for c in clocks], counts, pa.int64())
+    offsets = column(per, "clock_offset_ns")
     if all(c.drift_ppm == 0.0 for c in clocks):
         return pc.subtract(ts, offsets), offsets
-    anchors = _repeat([c.anchor_ns for c in clocks], counts, pa.int64())
-    drifts = _repeat([c.drift_ppm * 1e-6 for c in clocks], counts, pa.float64())
-    dt = pc.cast(pc.subtract(ts, anchors), pa.float64())
-    off = pc.add(pc.cast(pc.round(pc.multiply(dt, drifts)), pa.int64()), offsets)
+    dt = pc.cast(pc.subtract(ts, column(per, "anchor_ns")), pa.float64())
+    off = pc.add(pc.cast(pc.round(pc.multiply(dt, column(per, "drift"))), pa.int64()), offsets)
     return pc.subtract(ts, off), off
 
 

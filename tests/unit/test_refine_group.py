@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import random
 
-import numpy as np
 import pyarrow as pa
 import pytest
 
@@ -16,7 +15,6 @@ from pipelines.refine import (
     RefineResult,
     RefineSettings,
     RefineState,
-    _repeat,
     refine_batch,
     refine_group,
 )
@@ -131,18 +129,3 @@ def test_a_stream_twice_in_a_group_sees_its_own_earlier_batch() -> None:
     assert second.num_rows
     deltas = pa.compute.count(second.column("delta")).as_py()
     assert deltas > 0
-
-
-@pytest.mark.parametrize(
-    "values, counts",
-    [
-        (["node-a", "nœud-b", "", "n" * 300], [3, 1, 2, 5]),
-        (["x", "y"], [0, 4]),
-        (["only"], [7]),
-    ],
-)
-def test_repeat_writes_string_runs_as_a_take_would(values: list[str], counts: list[int]) -> None:
-    got = _repeat(values, np.array(counts), pa.string())
-    want = pa.array([v for v, c in zip(values, counts, strict=True) for _ in range(c)], pa.string())
-    got.validate(full=True)
-    assert got.equals(want)
