@@ -224,7 +224,8 @@ def _refine_wave(
     starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
     tables = [x.item.batch.table for x in live]
     big = tables[0] if len(tables) == 1 else pa.concat_tables(tables)
-    v = validate_samples(big, catalog, now_ns, settings.limits, _layout(state, live))
+    parts = [(n, _layout(state, x)) for n, x in zip(sizes, live, strict=True)]
+    v = validate_samples(big, catalog, now_ns, settings.limits, parts=parts)
     acc_rows = column(v.accepted, "row").to_numpy(zero_copy_only=False)
     cuts = np.searchsorted(acc_rows, starts)
     rejected: list[list[RejectedRows]] = [[] for _ in live]
@@ -352,12 +353,9 @@ def _refine_wave(
     return [r for r in out if r is not None]
 
 
-def _layout(state: RefineState, live: list[_Live]) -> LayoutCache | None:
-    """The validation layout cache: per stream for a wave of one batch (exporters repeat
-    their layout), none for a wave of several (its concatenation rarely repeats)."""
-    if len(live) != 1:
-        return None
-    stream = live[0].item.batch.envelope.source.stream_key()
+def _layout(state: RefineState, x: _Live) -> LayoutCache:
+    """The validation layout cache of a batch's stream (exporters repeat their layout)."""
+    stream = x.item.batch.envelope.source.stream_key()
     layout = state.layouts.get(stream)
     if layout is None:
         layout = state.layouts[stream] = LayoutCache()

@@ -253,6 +253,8 @@ def _layout(
         return cache
     lay = cache if cache is not None else LayoutCache()
     enc = metric.dictionary_encode()
+    if cache is not None:  # kept: a copy, not a view that would keep a whole wave alive
+        metric, device = pa.concat_arrays([metric]), pa.concat_arrays([device])
     lay.metric, lay.device, lay.catalog, lay.limits = metric, device, catalog, limits
     lay.idx = enc.indices
     names = enc.dictionary.to_pylist()
@@ -277,18 +279,51 @@ def _layout(
     return lay
 
 
+def _joined_layout(
+    metric: Array,
+    device: Array,
+    catalog: Catalog,
+    limits: ValidateLimits,
+    parts: list[tuple[int, LayoutCache]],
+) -> LayoutCache:
+    """The layout of a table of several batches from the layouts of each (``parts``: row
+    count and cache, in table order), each found in or put into its own cache."""
+    lays = []
+    at = 0
+    for rows, cache in parts:
+        lays.append(_layout(metric.slice(at, rows), device.slice(at, rows), catalog, limits, cache))
+        at += rows
+    if len(lays) == 1:
+        return lays[0]
+    out = LayoutCache(catalog=catalog, limits=limits)
+    base = np.cumsum([0] + [len(x.metrics) for x in lays[:-1]])
+    out.metrics = [m for x in lays for m in x.metrics]
+    out.idx = pa.array(
+        np.concatenate([x.idx.to_numpy() + int(b) for x, b in zip(lays, base, strict=True)])
+    )
+    out.attr = {k: pa.concat_arrays([x.attr[k] for x in lays]) for k in lays[0].attr}
+    out.is_counter = pa.concat_arrays([x.is_counter for x in lays])
+    out.unknown = pa.concat_arrays([x.unknown for x in lays])
+    out.bad_device = pa.concat_arrays([x.bad_device for x in lays])
+    out.row_index = pa.array(np.arange(at, dtype=np.int64))
+    return out
+
+
 def validate_samples(
     table: pa.Table,
     catalog: Catalog,
     now_ns: int,
     limits: ValidateLimits = ValidateLimits(),
     layout: LayoutCache | None = None,
+    parts: list[tuple[int, LayoutCache]] | None = None,
 ) -> Validated:
     """Check every row of a samples table (:data:`schemas.wire.SAMPLES_SCHEMA`).
 
     ``layout`` (one per source, optional) remembers what depends only on the batch's
     ``metric``/``device`` columns; exporters send the same series in the same order every
-    scrape, so the next batch with equal columns skips that work.
+    scrape, so the next batch with equal columns skips that work. A table of several
+    sources' batches passes ``parts`` instead: each batch's row count and its source's
+    cache, in table order; the table's layout is then theirs put end to end.
 
     Does not block or raise on any content of the table; returns accepted rows and the
     rejected row groups.
@@ -298,7 +333,10 @@ def validate_samples(
         return Validated(ACCEPTED_SCHEMA.empty_table(), [])
     metric_col = column(table, "metric")
     device = column(table, "device")
-    lay = _layout(metric_col, device, catalog, limits, layout)
+    if parts is not None:
+        lay = _joined_layout(metric_col, device, catalog, limits, parts)
+    else:
+        lay = _layout(metric_col, device, catalog, limits, layout)
     idx, metrics, attr = lay.idx, lay.metrics, lay.attr
 
     ts = column(table, "ts_ns")

@@ -8,7 +8,7 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipelines.validate import ValidateLimits, validate_samples
+from pipelines.validate import LayoutCache, ValidateLimits, validate_samples
 from schemas.catalog import Catalog, Kind, Metric, Origin, Overflow
 from schemas.reasons import Reason
 from schemas.wire import SAMPLES_SCHEMA
@@ -128,6 +128,26 @@ def test_every_row_is_accepted_or_rejected_exactly_once(rows: list[dict[str, obj
     assert sorted(seen) == list(range(len(rows)))
     assert len({r.reason for r in v.rejected}) == len(v.rejected)
     assert all(r.reason in Reason for r in v.rejected)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.lists(bad_rows, max_size=12), min_size=1, max_size=5), st.integers(1, 3))
+def test_parts_with_their_caches_validate_as_the_whole_table(
+    batches: list[list[dict[str, object]]], rounds: int
+) -> None:
+    """A table of several batches validated from each batch's layout cache (kept across
+    calls, as a worker keeps one per source) gives what the whole table gives alone."""
+    caches = [LayoutCache() for _ in batches]
+    t = pa.concat_tables([table(b) for b in batches])
+    want = validate_samples(t, CAT, NOW)
+    for _ in range(rounds):  # the first round fills the caches, later ones use them
+        parts = [(len(b), c) for b, c in zip(batches, caches, strict=True)]
+        got = validate_samples(t, CAT, NOW, parts=parts)
+        assert got.accepted.equals(want.accepted)
+        assert [(r.reason, r.rows, r.detail) for r in got.rejected] == [
+            (r.reason, r.rows, r.detail) for r in want.rejected
+        ]
+    assert all(c.metric is not None for c, b in zip(caches, batches, strict=True) if b)
 
 
 def test_device_length_is_counted_in_characters_not_bytes() -> None:
