@@ -39,7 +39,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipelines._arrow import Array, any_true, column, nxt, prev, take, true_mask, where
+from pipelines._arrow import Array, any_true, column, take, true_mask, where
 from pipelines.validate import BITMASK, COUNTER, ENUM, lookup
 from schemas.catalog import Catalog, Kind, Metric
 from schemas.reasons import NullReason
@@ -54,13 +54,10 @@ STATE_SCHEMA = pa.schema(
     ]
 )
 
-_NULL_F64 = pa.scalar(None, pa.float64())
-_NULL_I8 = pa.scalar(None, pa.int8())
 # a computed row's null reason as a code into this array (NULL: none)
 _REASONS = pa.array(
     [NullReason.RESET.value, NullReason.SATURATED.value, NullReason.FIRST_SAMPLE.value]
 )
-_RESET, _SATURATED, _FIRST = (pa.scalar(i, pa.int8()) for i in range(3))
 
 
 _NO_STATE = STATE_SCHEMA.empty_table()  # shared: building one costs ~20 µs a time
@@ -162,6 +159,10 @@ def derive_rates_group(
         pc.and_(pc.equal(column(table, "kind"), COUNTER), pc.is_valid(raw_all)),
         pc.is_null(null_reason),  # a sentinel reading is no reading
     )
+    attrs = [ts, *(column(table, c) for c in ("max_raw", "saturate", "scale"))]
+    if any(a.null_count for a in attrs):  # validated rows have none: not a reading to derive
+        for a in attrs:
+            cmask = pc.and_(cmask, pc.is_valid(a))
     if n == 0 or not any_true(cmask):
         false = pa.repeat(pa.scalar(False), n) if n else pa.array([], pa.bool_())
         nulls = pa.nulls(n, pa.float64())
@@ -188,48 +189,18 @@ def derive_rates_group(
         s, names, st_g, sidx = _front(table, ts, cmask, k, counts, st, st_sid)
     else:
         s, names, st_g, sidx = front
-    gg, tt, ss = column(s, "g"), column(s, "ts"), column(s, "src")
-    dup_ts = true_mask(pc.and_(pc.equal(gg, prev(gg)), pc.equal(ss, prev(ss))))
-    sorted_rows = s  # before the late rows leave: what a layout remembers
-    st_raw = take(column(st, "raw"), sidx)  # sidx: index_in over the state rows
-    st_ts = take(column(st, "ts"), sidx)
-    st_src = take(column(st, "src"), sidx)
     boots = pa.array([p.boot_id for p in parts], pa.string())
     # the boot comparison once per state series (a row of the batch takes its series' answer)
-    st_same = pc.equal(column(st, "boot"), take(boots, pa.array(st_sid)))
-    same_boot = true_mask(take(st_same, sidx))
-    # out of order: not after the last accepted reading on the source's clock *and* on the
-    # common one (either alone moves when a clock is stepped or its estimate is revised)
-    behind = pc.and_(true_mask(pc.less_equal(ss, st_src)), true_mask(pc.less_equal(tt, st_ts)))
-    late = pc.or_(dup_ts, pc.and_(same_boot, behind))
-
-    if any_true(late):
-        good = pc.invert(late)
-        late_pos = column(s.filter(late), "pos")
-        s = s.filter(good)
-        st_raw, st_ts, same_boot = st_raw.filter(good), st_ts.filter(good), same_boot.filter(good)
-        st_src = st_src.filter(good)
-    else:
-        late_pos = pa.array([], pa.int64())
-
-    gu, tu, cur, su = column(s, "g"), column(s, "ts"), column(s, "raw"), column(s, "src")
-    gstart = pc.invert(true_mask(pc.equal(gu, prev(gu))))
-    prev_raw = pc.if_else(gstart, st_raw, prev(cur))
-    prev_ts = pc.if_else(gstart, st_ts, prev(tu))
-    prev_src = pc.if_else(gstart, st_src, prev(su))
-    boot_change = pc.and_(gstart, pc.invert(same_boot))
-    # the interval on the source's own clock (it stamped both readings); on the common clock
-    # only when the source's went backwards (a step)
-    d_src = pc.subtract(su, prev_src)
-    elapsed = pc.if_else(true_mask(pc.greater(d_src, 0)), d_src, pc.subtract(tu, prev_ts))
-    delta, rate, reset, reason = _deltas(
-        cur, prev_raw, elapsed, column(s, "max"), column(s, "sat"), column(s, "scale"),
-        boot_change,
-    )  # fmt: skip
-
+    st_same = true_mask(pc.equal(column(st, "boot"), take(boots, pa.array(st_sid))))
+    sorted_rows = s  # before the late rows leave: what a layout remembers
+    r = _derive_sorted(s, st, sidx, st_same)
+    late_pos = r.late_pos
+    s = r.rows
+    gu = r.g
     # new states: each stream's untouched series, then its updated ones (merge_keyed order)
-    is_last = pc.invert(true_mask(pc.equal(gu, nxt(gu))))
-    last = s.filter(is_last)
+    is_last = np.ones(len(gu), dtype=bool)
+    is_last[:-1] = gu[:-1] != gu[1:]
+    last = s.filter(pa.array(is_last))
     upd_sid = column(last, "sid")
     # the key strings of the updated series from the batch's dictionary: the rows moved
     # integer codes through the sort, not strings
@@ -261,25 +232,126 @@ def derive_rates_group(
                 _remember(p.layout, *views[j], mine, names, int(starts[j]), states[j])
 
     # scatter back to row order; rows not computed (late, not counters) get the fills
-    slot = np.full(n, -1, dtype=np.int64)
-    slot[column(s, "pos").to_numpy()] = np.arange(len(s), dtype=np.int64)
-    idx = pa.array(slot, mask=slot < 0)
+    at_rows = column(s, "pos").to_numpy()
+    delta = np.zeros(n, dtype=np.float64)
+    rate = np.zeros(n, dtype=np.float64)
+    valid = np.zeros(n, dtype=bool)
+    reset = np.zeros(n, dtype=bool)
+    delta[at_rows], rate[at_rows], valid[at_rows], reset[at_rows] = (
+        r.delta,
+        r.rate,
+        r.valid,
+        r.reset,
+    )
     late_rows = np.zeros(n, dtype=bool)
-    late_rows[late_pos.to_numpy()] = True
-    if reason.null_count == len(reason):  # no reset, saturation or first sample
+    late_rows[late_pos] = True
+    if r.reason is None:  # no reset, saturation or first sample
         reason_out = null_reason
     else:  # codes moved to row order as integers, then named: one string pass
-        named = take(_REASONS, take(reason, idx))
+        code = np.full(n, -1, dtype=np.int8)
+        code[at_rows] = r.reason
+        named = take(_REASONS, pa.array(code, mask=code < 0))
         no_sentinel = null_reason.null_count == len(null_reason)
         reason_out = named if no_sentinel else pc.coalesce(null_reason, named)
     cols = CounterColumns(
-        delta=take(delta.cast(pa.float64()), idx),  # idx: positions in the computed rows
-        rate=take(rate.cast(pa.float64()), idx),
-        reset=pc.fill_null(take(reset.cast(pa.bool_()), idx), False),
+        delta=pa.array(delta, mask=~valid),
+        rate=pa.array(rate, mask=~valid),
+        reset=pa.array(reset),
         late=pa.array(late_rows),
         null_reason=reason_out,
     )
     return cols, states
+
+
+@dataclass
+class _Derived:
+    """:func:`_derive_sorted`'s result: per computed row (the sorted rows less the late
+    ones, in that order) its delta, rate, whether they hold a value, reset flag and null
+    reason code (None: no row has one)."""
+
+    rows: pa.Table
+    g: Any
+    delta: Any
+    rate: Any
+    valid: Any
+    reset: Any
+    reason: Any
+    late_pos: Any
+
+
+def _derive_sorted(s: pa.Table, st: pa.Table, sidx: Array, st_same: Array) -> _Derived:
+    """The module's rules over the counter rows sorted by (series, source ts) (``s``: pos,
+    g, sid, ts, src, raw, max, sat, scale, none NULL), each row's state row ``sidx`` (NULL for
+    a new series) and whether each state row's boot is its stream's now (``st_same``): in
+    numpy, one array operation per step, uint64 arithmetic wrapping mod 2**64 as Arrow's."""
+    g, ts, src = (column(s, c).to_numpy() for c in ("g", "ts", "src"))
+    cur, mx, scale = (column(s, c).to_numpy() for c in ("raw", "max", "scale"))
+    sat = column(s, "sat").to_numpy(zero_copy_only=False)
+    m = len(g)
+    if sidx.null_count:
+        has_st = sidx.is_valid().to_numpy(zero_copy_only=False)
+        si = sidx.fill_null(0).to_numpy()
+    else:
+        has_st = np.ones(m, dtype=bool)
+        si = sidx.to_numpy()
+    if st.num_rows:
+        kept = [column(st, c) for c in ("raw", "ts", "src")]
+        if any(a.null_count for a in kept):  # a state row without a reading is no state
+            ok = true_mask(
+                pc.and_(pc.and_(*(pc.is_valid(a) for a in kept[:2])), pc.is_valid(kept[2]))
+            )
+            has_st &= ok.to_numpy(zero_copy_only=False)[si]
+            kept = [a.fill_null(0) for a in kept]
+        st_raw, st_ts, st_src = (a.to_numpy()[si] for a in kept)
+        same_boot = has_st & st_same.to_numpy(zero_copy_only=False)[si]
+    else:
+        st_raw = np.zeros(m, dtype=np.uint64)
+        st_ts = st_src = np.zeros(m, dtype=np.int64)
+        same_boot = np.zeros(m, dtype=bool)
+    same_g = np.zeros(m, dtype=bool)
+    same_g[1:] = g[1:] == g[:-1]
+    dup_ts = same_g.copy()
+    dup_ts[1:] &= src[1:] == src[:-1]
+    # out of order: not after the last accepted reading on the source's clock *and* on the
+    # common one (either alone moves when a clock is stepped or its estimate is revised)
+    late = dup_ts | (same_boot & (src <= st_src) & (ts <= st_ts))
+    late_pos = column(s, "pos").to_numpy()[late]
+    if late_pos.size:
+        good = ~late
+        s = s.filter(pa.array(good))
+        g, ts, src, cur, mx, scale, sat = (a[good] for a in (g, ts, src, cur, mx, scale, sat))
+        st_raw, st_ts, st_src = st_raw[good], st_ts[good], st_src[good]
+        has_st, same_boot = has_st[good], same_boot[good]
+        m = len(g)
+    gstart = np.ones(m, dtype=bool)
+    gstart[1:] = g[1:] != g[:-1]
+
+    def before(a: Any, first: Any) -> Any:  # the row before's value, ``first``'s at a start
+        out = np.empty_like(a)
+        out[1:] = a[:-1]
+        return np.where(gstart, first, out)
+
+    has_prev = ~gstart | has_st
+    prev_raw, prev_ts, prev_src = before(cur, st_raw), before(ts, st_ts), before(src, st_src)
+    boot_change = gstart & ~same_boot
+    # the interval on the source's own clock (it stamped both readings); on the common clock
+    # only when the source's went backwards (a step)
+    d_src = src - prev_src
+    elapsed = np.where(d_src > 0, d_src, ts - prev_ts)
+    d = (cur - prev_raw) & mx  # uint64 wraps mod 2**64
+    wrap_ok = ~sat & (d <= (mx >> np.uint64(1)))
+    reset = has_prev & (boot_change | ((cur < prev_raw) & ~wrap_ok))
+    saturated = sat & (cur == mx)
+    valid = ~(reset | ~has_prev | saturated)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        delta = d.astype(np.float64) * scale
+        rate = delta / (elapsed.astype(np.float64) / 1e9)
+    reason = None
+    if reset.any() or saturated.any() or not has_prev.all():
+        # codes into _REASONS (reset, saturated, first sample); -1: none
+        reason = np.where(reset, 0, np.where(saturated, 1, np.where(has_prev, -1, 2)))
+        reason = reason.astype(np.int8)
+    return _Derived(s, g, delta, rate, valid, reset, reason, late_pos)
 
 
 def _front(
@@ -382,38 +454,6 @@ def _remember(
     )
     layout.pos = column(mine, "pos").to_numpy() - start
     layout.codes = codes
-
-
-def _deltas(
-    cur: Array,
-    prev_raw: Array,
-    elapsed_ns: Array,
-    mx: Array,
-    sat: Array,
-    scale: Array,
-    boot_change: Array,
-) -> tuple[Array, Array, Array, Array]:
-    """The module rules over aligned arrays: ``(delta, rate, reset, reason)``, the reason
-    a code into :data:`_REASONS` (int8, NULL for none)."""
-    has_prev = pc.is_valid(prev_raw)
-    d = pc.bit_wise_and(pc.subtract(cur, prev_raw), mx)  # uint64 arithmetic wraps mod 2**64
-    decreased = true_mask(pc.less(cur, prev_raw))
-    wrap_ok = pc.and_(
-        pc.invert(sat), true_mask(pc.less_equal(d, pc.shift_right(mx, pa.scalar(1, pa.uint64()))))
-    )
-    reset = pc.and_(has_prev, pc.or_(boot_change, pc.and_(decreased, pc.invert(wrap_ok))))
-    saturated = pc.and_(sat, pc.equal(cur, mx))
-    no_delta = pc.or_(pc.or_(reset, pc.invert(has_prev)), saturated)
-    delta = pc.if_else(
-        no_delta, _NULL_F64, pc.multiply(pc.cast(d, pa.float64(), safe=False), scale)
-    )
-    rate = pc.divide(delta, pc.divide(pc.cast(elapsed_ns, pa.float64()), 1e9))
-    if not (any_true(reset) or any_true(saturated)) and has_prev.false_count == 0:
-        return delta, rate, reset, pa.nulls(len(cur), pa.int8())  # the steady state
-    reason = pc.if_else(
-        reset, _RESET, pc.if_else(saturated, _SATURATED, pc.if_else(has_prev, _NULL_I8, _FIRST))
-    )
-    return delta, rate, reset, reason
 
 
 class StateDecoder:
