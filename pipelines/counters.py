@@ -159,10 +159,6 @@ def derive_rates_group(
         pc.and_(pc.equal(column(table, "kind"), COUNTER), pc.is_valid(raw_all)),
         pc.is_null(null_reason),  # a sentinel reading is no reading
     )
-    attrs = [ts, *(column(table, c) for c in ("max_raw", "saturate", "scale"))]
-    if any(a.null_count for a in attrs):  # validated rows have none: not a reading to derive
-        for a in attrs:
-            cmask = pc.and_(cmask, pc.is_valid(a))
     if n == 0 or not any_true(cmask):
         false = pa.repeat(pa.scalar(False), n) if n else pa.array([], pa.bool_())
         nulls = pa.nulls(n, pa.float64())
@@ -284,6 +280,11 @@ def _derive_sorted(s: pa.Table, st: pa.Table, sidx: Array, st_same: Array) -> _D
     g, sid, ts, src, raw, max, sat, scale, none NULL), each row's state row ``sidx`` (NULL for
     a new series) and whether each state row's boot is its stream's now (``st_same``): in
     numpy, one array operation per step, uint64 arithmetic wrapping mod 2**64 as Arrow's."""
+    attrs = [column(s, c) for c in ("ts", "max", "sat", "scale")]
+    if any(a.null_count for a in attrs):  # validated counter rows have none: no reading
+        ok = true_mask(pc.and_(pc.and_(*(pc.is_valid(a) for a in attrs[:2])),
+                               pc.and_(*(pc.is_valid(a) for a in attrs[2:]))))  # fmt: skip
+        s, sidx = s.filter(ok), sidx.filter(ok)
     g, ts, src = (column(s, c).to_numpy() for c in ("g", "ts", "src"))
     cur, mx, scale = (column(s, c).to_numpy() for c in ("raw", "max", "scale"))
     sat = column(s, "sat").to_numpy(zero_copy_only=False)

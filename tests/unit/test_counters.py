@@ -67,6 +67,30 @@ def test_first_sample_wrap_and_reset_32bit() -> None:
     assert len(st_) == 1
 
 
+def test_a_counter_row_without_an_aligned_time_is_no_reading() -> None:
+    """NULL aligned ts (validated rows never have one): the row gets no delta and leaves the
+    state alone; its neighbours are derived as if it were not there."""
+    ts = [NOW, NOW + S, NOW + 2 * S]
+    t = pa.table(
+        {
+            "ts_ns": pa.array(ts, pa.int64()),
+            "metric": ["c.w32"] * 3,
+            "device": ["mlx5_0/1"] * 3,
+            "value": pa.nulls(3, pa.float64()),
+            "raw": pa.array([10, 20, 40], pa.uint64()),
+            "text": pa.nulls(3, pa.string()),
+        },
+        schema=SAMPLES_SCHEMA,
+    )
+    acc = validate_samples(t, CAT, NOW).accepted
+    cols, st_ = derive_rates(acc, pa.array([ts[0], None, ts[2]], pa.int64()), "b", CounterState())
+    assert cols.delta.to_pylist() == [None, None, 30.0]
+    assert cols.rate.to_pylist() == [None, None, 15.0]
+    assert cols.late.to_pylist() == [False, False, False]
+    assert cols.null_reason.to_pylist() == ["first_sample", None, None]
+    assert st_.table.column("raw").to_pylist() == [40]
+
+
 def test_scale_applies_to_delta_and_rate_over_aligned_time() -> None:
     cols, _ = run("c.w64", [100, 350], [NOW, NOW + 2 * S], CounterState())
     assert cols.delta.to_pylist() == [None, 1000.0]
