@@ -6,9 +6,10 @@ flag. One blob per *node*: the overlap state across its sources (Arrow). Tables 
 Arrow IPC, so a checkpoint costs a memcpy-like encode rather than a Python walk per series.
 
 Frame: ``b"RST1" | u32 meta_len | meta JSON | u32 len | part`` and more parts, each with its
-length. A stream's parts: counters (Arrow IPC), seq window (Arrow IPC), and the clock window's
-points packed as int64 pairs when its meta gives their count (blobs written before that keep
-them in the meta JSON, and still decode).
+length. A stream's parts: counters (Arrow IPC), the seq window packed as int64 triples (seq,
+partition, offset) when its meta gives their count (older blobs: an Arrow IPC table), and the
+clock window's points packed as int64 pairs when its meta gives their count (older blobs keep
+them in the meta JSON). Both older forms still decode.
 """
 
 from __future__ import annotations
@@ -84,19 +85,17 @@ class StreamState:
         seqs_ipc = _NO_SEQS
         seq_meta: dict[str, int] | None = None
         if self.seqs is not None:
-            pos = self.seqs.positions  # a full window is 512 entries: no Python list per column
+            # packed as int64 triples (seq, partition, offset): a full window is 512 entries,
+            # and an Arrow table of them cost ~80 µs per checkpoint
+            pos = self.seqs.positions
             n = len(pos)
-            where = np.fromiter(chain.from_iterable(pos.values()), np.int64, 2 * n).reshape(n, 2)
-            seq_table = pa.Table.from_arrays(
-                [
-                    pa.array(np.fromiter(pos.keys(), np.int64, n)),
-                    pa.array(where[:, 0].astype(np.int32)),
-                    pa.array(np.ascontiguousarray(where[:, 1])),
-                ],
-                schema=SEQ_SCHEMA,
+            packed = np.empty((n, 3), dtype="<i8")
+            packed[:, 0] = np.fromiter(pos.keys(), np.int64, n)
+            packed[:, 1:] = np.fromiter(chain.from_iterable(pos.values()), np.int64, 2 * n).reshape(
+                n, 2
             )
-            seqs_ipc = ipc_stream_parts(seq_table)
-            seq_meta = {"window": self.seqs.window, "hwm": self.seqs.hwm}
+            seqs_ipc = [packed.tobytes()]
+            seq_meta = {"window": self.seqs.window, "hwm": self.seqs.hwm, "packed": n}
         clock, points = self.clock.to_parts() if self.clock is not None else (None, None)
         meta = {
             "boot_id": self.boot_id,
@@ -120,19 +119,17 @@ class StreamState:
         counters = counters.select(STATE_SCHEMA.names).cast(STATE_SCHEMA)
         seqs = None
         if meta["seqs"] is not None:
-            st = _read_ipc(parts[1])
+            if "packed" in meta["seqs"]:
+                n = int(meta["seqs"]["packed"])
+                rows = np.frombuffer(parts[1], dtype="<i8", count=3 * n).reshape(n, 3)
+                cols = [rows[:, i].tolist() for i in range(3)]
+            else:  # written as an Arrow table
+                st = _read_ipc(parts[1])
+                cols = [st.column(c).to_pylist() for c in ("seq", "partition", "offset")]
             seqs = SeqWindow(
                 window=int(meta["seqs"]["window"]),
                 hwm=int(meta["seqs"]["hwm"]),
-                positions={
-                    int(s): (int(p), int(o))
-                    for s, p, o in zip(
-                        st.column("seq").to_pylist(),
-                        st.column("partition").to_pylist(),
-                        st.column("offset").to_pylist(),
-                        strict=True,
-                    )
-                },
+                positions={int(s): (int(p), int(o)) for s, p, o in zip(*cols, strict=True)},
             )
         clock = (
             ClockEstimator.from_dict(

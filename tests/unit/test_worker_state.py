@@ -1,7 +1,7 @@
-"""The worker's state blobs: a stream's state round-trips, its clock window packed or (past
-int64) in JSON, and blobs written before the counter state kept source times or before the
-clock points were packed still load; a node's overlap state round-trips per source, and one
-written with a src column per point loads."""
+"""The worker's state blobs: a stream's state round-trips, its seq window packed, its clock
+window packed or (past int64) in JSON, and blobs written before the counter state kept source
+times or before the seq window or the clock points were packed still load; a node's overlap
+state round-trips per source, and one written with a src column per point loads."""
 
 from __future__ import annotations
 
@@ -32,6 +32,32 @@ def test_stream_state_round_trips() -> None:
     assert back.counters.table.equals(st.counters.table)
     assert back.seqs is not None and back.seqs.positions == {3: (1, 42)}
     assert (back.boot_id, back.watermark) == ("b", 7)
+
+
+def test_a_full_seq_window_round_trips_packed() -> None:
+    seqs = SeqWindow(window=512)
+    for i in range(700):  # past the window: the oldest leave
+        seqs.observe(2**40 + i, (i % 12, 2**50 + 3 * i))
+    blob = StreamState(boot_id="b", seqs=seqs, counters=_counters()).encode()
+    meta_len = int.from_bytes(blob[4:8], "little")
+    assert b'"packed":%d' % len(seqs.positions) in blob[8 : 8 + meta_len]
+    back = StreamState.decode(blob).seqs
+    assert back is not None
+    assert (back.positions, back.hwm, back.window) == (seqs.positions, seqs.hwm, seqs.window)
+    assert list(back.positions) == list(seqs.positions)  # in the order it was kept
+
+
+def test_a_blob_with_its_seq_window_as_an_arrow_table_still_loads() -> None:
+    table = pa.table(
+        {"seq": pa.array([7, 9], pa.int64()), "partition": pa.array([2, 3], pa.int32()),
+         "offset": pa.array([40, 41], pa.int64())}
+    )  # fmt: skip
+    meta = {"boot_id": "b", "seqs": {"window": 8, "hwm": 9}, "clock": None, "watermark": None,
+            "clock_flagged": False}  # fmt: skip
+    blob = _frame(meta, [ipc_stream_parts(_counters().table), ipc_stream_parts(table)])
+    back = StreamState.decode(blob).seqs
+    assert back is not None and back.positions == {7: (2, 40), 9: (3, 41)}
+    assert (back.window, back.hwm) == (8, 9)
 
 
 def test_a_blob_without_source_times_still_loads() -> None:
