@@ -35,7 +35,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipelines._arrow import Array, any_true, column
+from pipelines._arrow import Array, all_true, any_true, column
 
 Position = tuple[int, int]  # (partition, offset)
 
@@ -225,7 +225,7 @@ def drop_overlaps(
     else:
         sources[source] = _merge_series(old, mine)
     if keep is None:
-        keep = pa.repeat(pa.scalar(True), n)
+        keep = all_true(n)
     return OverlapResult(keep, dup_count), OverlapState(sources, keys, metrics)
 
 
