@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import struct
 from dataclasses import dataclass, field
-from itertools import chain
 from typing import Any
 
 import numpy as np
@@ -85,16 +84,11 @@ class StreamState:
         seqs_ipc = _NO_SEQS
         seq_meta: dict[str, int] | None = None
         if self.seqs is not None:
-            # packed as int64 triples (seq, partition, offset): a full window is 512 entries,
-            # and an Arrow table of them cost ~80 µs per checkpoint
-            pos = self.seqs.positions
-            n = len(pos)
-            packed = np.empty((n, 3), dtype="<i8")
-            packed[:, 0] = np.fromiter(pos.keys(), np.int64, n)
-            packed[:, 1:] = np.fromiter(chain.from_iterable(pos.values()), np.int64, 2 * n).reshape(
-                n, 2
-            )
-            seqs_ipc = [packed.tobytes()]
+            # packed as int64 triples (seq, partition, offset), by the window itself: only
+            # the entries added since its last checkpoint are packed
+            packed = self.seqs.packed()
+            n = len(packed) // 24
+            seqs_ipc = [packed]
             seq_meta = {"window": self.seqs.window, "hwm": self.seqs.hwm, "packed": n}
         clock, points = self.clock.to_parts() if self.clock is not None else (None, None)
         meta = {

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import struct
 
 import pyarrow as pa
 from hypothesis import given, settings
@@ -133,3 +134,24 @@ def test_overlap_state_round_trips_as_one_table() -> None:
     back = OverlapState(whole)  # type: ignore[arg-type]
     r, _ = drop_overlaps(*arrays([("gpu.temp", "gpu1", 1)]), "n|B|0", back)
     assert r.duplicates == 1
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 90), st.integers(0, 3), st.booleans()), min_size=1, max_size=200
+    ),
+    st.integers(1, 16),
+)
+def test_the_packed_window_is_always_its_positions_in_order(
+    steps: list[tuple[int, int, bool]], window: int
+) -> None:
+    """Packed between observations (only what changed packed anew) or not at all, the bytes
+    are those of the positions in dict order, through prunes, replays and stale seqs."""
+    w = SeqWindow(window=window)
+    for i, (seq, partition, pack_now) in enumerate(steps):
+        w.observe(seq, (partition, 1000 + i))
+        if pack_now:
+            want = b"".join(struct.pack("<3q", s, p, o) for s, (p, o) in w.positions.items())
+            assert w.packed() == want
+    assert w.packed() == b"".join(struct.pack("<3q", s, *po) for s, po in w.positions.items())
