@@ -90,6 +90,7 @@ class RefineResult:
     # in a wave are adjacent there, so a consumer can publish them as one slice.
     wave_rows: pa.Table | None = None
     wave_start: int = 0
+    newest_ns: int | None = None  # the latest aligned ts of ``refined`` (None: no rows)
 
     def header(self, raw_topic: str, batch: Batch, position: Position) -> RefinedHeader:
         src = batch.envelope.source
@@ -293,11 +294,12 @@ def _refine_wave(
 
     # lateness against each stream's watermark before this batch; then move the watermarks
     ts_np = ts.to_numpy(zero_copy_only=False) if m_all else np.zeros(0, np.int64)
+    tops: list[int | None] = [None] * len(live)
     for j, x in enumerate(live):
         if counts[j]:
             stream = x.item.batch.envelope.source.stream_key()
             mark = state.watermarks.get(stream)
-            top = int(ts_np[rstart[j] : rstart[j + 1]].max())
+            top = tops[j] = int(ts_np[rstart[j] : rstart[j + 1]].max())
             state.watermarks[stream] = top if mark is None else max(mark, top)
     if any(mk is not None for mk in marks) and m_all:
         late_all = pc.or_(late_all, true_mask(pc.less(ts, column(per, "floor"))))
@@ -349,6 +351,7 @@ def _refine_wave(
             clock_alert=x.clock.alert(settings.clock_alert_ns),
             wave_rows=refined,
             wave_start=int(rstart[j]),
+            newest_ns=tops[j],
         )
     return [r for r in out if r is not None]
 

@@ -266,9 +266,8 @@ class Refiner:
         )
         msgs += self._clock_alert(src.stream_key(), src.node, r, now_ns, rec)
         fresh = None
-        if r.refined.num_rows:
-            newest = pa.compute.max(r.refined.column("ts")).as_py()
-            fresh = rec.append_ms * 1_000_000 - int(newest)
+        if r.newest_ns is not None:
+            fresh = rec.append_ms * 1_000_000 - r.newest_ns
         return Outcome(
             msgs,
             r.outcome,

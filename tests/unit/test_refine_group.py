@@ -96,14 +96,18 @@ def test_group_equals_one_by_one(seed: int, lateness_s: float) -> None:
 
 
 def _nodes_adjacent(results: list[RefineResult]) -> None:
-    """Each result's rows are its slice of its wave's rows, and within a wave every node's
-    rows form one run (what lets the worker publish a node's batches as one message)."""
+    """Each result's rows are its slice of its wave's rows (its newest aligned ts given),
+    and within a wave every node's rows form one run (what lets the worker publish a node's
+    batches as one message)."""
     waves: dict[int, pa.Table] = {}
     for r in results:
         if r.refined_count:
             assert r.wave_rows is not None
             assert r.wave_rows.slice(r.wave_start, r.refined_count).equals(r.refined)
+            assert r.newest_ns == max(r.refined.column("ts").to_pylist())
             waves[id(r.wave_rows)] = r.wave_rows
+        else:
+            assert r.newest_ns is None
     several = 0
     for t in waves.values():
         nodes = t.column("node").to_pylist()
