@@ -177,7 +177,7 @@ def derive_rates_group(
         for p, v in zip(parts, views, strict=True)
     ]
     st_parts = [p.state.table for p in parts]
-    st = pa.concat_tables(st_parts) if k > 1 else st_parts[0]
+    st = pa.concat_tables(st_parts).combine_chunks() if k > 1 else st_parts[0]
     st_counts = np.array([t.num_rows for t in st_parts], dtype=np.int64)
     st_sid = np.repeat(np.arange(k, dtype=np.int64), st_counts)
     front = _front_from_layouts(table, ts, parts, starts, st_counts, st_sid) if all(fits) else None
