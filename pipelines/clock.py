@@ -59,6 +59,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipelines._arrow import Array
+from pipelines._packed import PackedRows
 from schemas.wire import ClockBlock
 
 
@@ -122,12 +123,12 @@ class ClockEstimator:
     # candidates in arrival order): the hull is not kept up to date while there are any (the
     # monotone chain's vertices then depend on the order)
     _unordered: int | None = field(default=None, repr=False, compare=False)
-    # the points as little-endian int64 pairs and what changed since (points come at the
-    # right and leave at the left): for the gap statistics and the checkpoint, packed anew
-    # only when the points were replaced (a full window took ~25-60 µs each time)
-    _packed: bytes | None = field(default=None, repr=False, compare=False)
-    _pk_added: list[int] = field(default_factory=list, repr=False, compare=False)
-    _pk_dropped: int = field(default=0, repr=False, compare=False)
+    # the points packed as int64 pairs (points come at the right and leave at the left): for
+    # the gap statistics and the checkpoint, packed anew only when the points were replaced
+    # (a full window took ~25-60 µs each time)
+    _pack: PackedRows = field(
+        default_factory=lambda: PackedRows(2), init=False, repr=False, compare=False
+    )
 
     def observe(
         self, sent_ns: int, arrival_ns: int, clock: ClockBlock | None = None
@@ -157,15 +158,14 @@ class ClockEstimator:
         if x < (self.points[-1][0] if self.points else x):
             self.points = deque(sorted([*self.points, (x, y)]), maxlen=None)
             self._hull = self._xsum = self._unordered = None
-            self._packed = None
+            self._pack.invalidate()
         else:
             p = (x, y)
             if self._unordered is not None and self.points and self.points[-1][0] == x:
                 self._unordered += 1
                 self._hull = None
             self.points.append(p)
-            if self._packed is not None:
-                self._pk_added += p
+            self._pack.append(p)
             if self._hull is not None:
                 _hull_push(self._hull, p)
             if self._xsum is not None:
@@ -189,7 +189,7 @@ class ClockEstimator:
         self.since_step = len(keep)
         self._fit = None
         self._hull = self._xsum = self._unordered = None
-        self._packed = None
+        self._pack.invalidate()
 
     def _drop_first(self, gone: tuple[int, int]) -> None:
         """Update the caches for the first point leaving the window. The first point is
@@ -198,7 +198,7 @@ class ClockEstimator:
         so the turn at ``h1`` stays convex) and the vertices after ``h1`` stay."""
         if self._xsum is not None:
             self._xsum -= gone[0]
-        self._pk_dropped += 1
+        self._pack.drop_first()
         if self._unordered is not None and self.points and self.points[0][0] <= gone[0]:
             self._unordered -= 1
         hull = self._hull
@@ -308,22 +308,7 @@ class ClockEstimator:
     def packed_points(self) -> bytes | None:
         """The points as little-endian int64 pairs, in order (None when one is past int64):
         the last call's bytes less the points dropped since, plus those added."""
-        if self._packed is not None:
-            try:
-                added = np.array(self._pk_added, dtype="<i8").tobytes() if self._pk_added else b""
-            except OverflowError:
-                self._packed = None
-            else:
-                self._packed = (self._packed + added)[16 * self._pk_dropped :]
-        self._pk_added, self._pk_dropped = [], 0
-        if self._packed is None:
-            try:
-                self._packed = struct.pack(
-                    f"<{2 * len(self.points)}q", *itertools.chain.from_iterable(self.points)
-                )
-            except struct.error:
-                return None
-        return self._packed
+        return self._pack.get(lambda: self.points, len(self.points))
 
     @classmethod
     def from_dict(

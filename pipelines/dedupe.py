@@ -30,14 +30,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
-from itertools import chain
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipelines._arrow import Array, all_true, any_true, column
+from pipelines._packed import PackedRows
 
 Position = tuple[int, int]  # (partition, offset)
 
@@ -61,11 +60,11 @@ class SeqWindow:
     window: int = 4096
     hwm: int = -1
     positions: dict[int, Position] = field(default_factory=dict)
-    # :meth:`packed`'s last bytes and what changed since (a cache, not state): entries come
-    # at the dict's end and leave from its front, so a checkpoint packs only the new ones
-    _packed: bytes | None = field(default=None, repr=False, compare=False)
-    _added: list[int] = field(default_factory=list, repr=False, compare=False)
-    _dropped: int = field(default=0, repr=False, compare=False)
+    # :meth:`packed`'s cache: entries come at the dict's end and leave from its front, so a
+    # checkpoint packs only the new ones
+    _pack: PackedRows = field(
+        default_factory=lambda: PackedRows(3), init=False, repr=False, compare=False
+    )
 
     def observe(self, seq: int, position: Position) -> SeqOutcome:
         """Classify ``seq`` arriving at ``position`` and remember it if new. O(1) amortized."""
@@ -76,8 +75,7 @@ class SeqWindow:
             return SeqOutcome.REPLAY if first == tuple(position) else SeqOutcome.DUPLICATE
         where = (int(position[0]), int(position[1]))
         self.positions[seq] = where
-        if self._packed is not None:
-            self._added += (seq, *where)
+        self._pack.append((seq, *where))
         if seq > self.hwm:
             self.hwm = seq
             self._prune()
@@ -92,30 +90,21 @@ class SeqWindow:
             if oldest > floor:
                 break
             del pos[oldest]
-            self._dropped += 1
+            self._pack.drop_first()
         if len(pos) > 2 * self.window:  # out-of-order arrivals stuck behind newer ones
             self.positions = {s: p for s, p in pos.items() if s > floor}
-            self._packed = None
+            self._pack.invalidate()
 
     def packed(self) -> bytes:
         """The positions in order as little-endian int64 triples (seq, partition, offset),
         for a checkpoint: the bytes of the last call less the entries pruned since, plus
         those added (a full window of 512 packed anew took ~60 µs). Raises OverflowError for
         a value past int64."""
-        if self._packed is not None:
-            added = np.array(self._added, dtype="<i8").tobytes() if self._added else b""
-            self._packed = (self._packed + added)[24 * self._dropped :]
-        else:
-            pos = self.positions
-            n = len(pos)
-            rows = np.empty((n, 3), dtype="<i8")
-            rows[:, 0] = np.fromiter(pos.keys(), np.int64, n)
-            rows[:, 1:] = np.fromiter(chain.from_iterable(pos.values()), np.int64, 2 * n).reshape(
-                n, 2
-            )
-            self._packed = rows.tobytes()
-        self._added, self._dropped = [], 0
-        return self._packed
+        pos = self.positions
+        packed = self._pack.get(lambda: ((s, *p) for s, p in pos.items()), len(pos))
+        if packed is None:
+            raise OverflowError("a seq or position past int64")
+        return packed
 
     def to_dict(self) -> dict[str, Any]:
         return {
