@@ -314,16 +314,15 @@ def validate_samples(
     catalog: Catalog,
     now_ns: int,
     limits: ValidateLimits = ValidateLimits(),
-    layout: LayoutCache | None = None,
     parts: list[tuple[int, LayoutCache]] | None = None,
 ) -> Validated:
     """Check every row of a samples table (:data:`schemas.wire.SAMPLES_SCHEMA`).
 
-    ``layout`` (one per source, optional) remembers what depends only on the batch's
+    ``parts`` (optional): the table's batches in order, each as its row count and its
+    source's :class:`LayoutCache`, which remembers what depends only on the batch's
     ``metric``/``device`` columns; exporters send the same series in the same order every
-    scrape, so the next batch with equal columns skips that work. A table of several
-    sources' batches passes ``parts`` instead: each batch's row count and its source's
-    cache, in table order; the table's layout is then theirs put end to end.
+    scrape, so the next batch with equal columns skips that work, and the table's layout is
+    its batches' put end to end.
 
     Does not block or raise on any content of the table; returns accepted rows and the
     rejected row groups.
@@ -336,7 +335,7 @@ def validate_samples(
     if parts is not None:
         lay = _joined_layout(metric_col, device, catalog, limits, parts)
     else:
-        lay = _layout(metric_col, device, catalog, limits, layout)
+        lay = _layout(metric_col, device, catalog, limits, None)
     idx, metrics, attr = lay.idx, lay.metrics, lay.attr
 
     ts = column(table, "ts_ns")
