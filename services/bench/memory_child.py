@@ -13,13 +13,17 @@ import sys
 import time
 from pathlib import Path
 
-import pyarrow as pa
+from services import allocator
 
-from pipelines._bench import bench_catalog
-from pipelines.enrich import TopologyIndex
-from schemas.codec import encode
-from schemas.wire import SAMPLES_SCHEMA, Envelope, SourceId
-from services.worker.refiner import OutputTopics, RawRecord, Refiner
+allocator.configure()  # as ``refinery worker`` runs: before pyarrow loads
+
+import pyarrow as pa  # noqa: E402
+
+from pipelines._bench import bench_catalog  # noqa: E402
+from pipelines.enrich import TopologyIndex  # noqa: E402
+from schemas.codec import encode  # noqa: E402
+from schemas.wire import SAMPLES_SCHEMA, Envelope, SourceId  # noqa: E402
+from services.worker.refiner import OutputTopics, RawRecord, Refiner  # noqa: E402
 
 T0 = 1_700_000_000_000_000_000
 SEC = 1_000_000_000
