@@ -75,3 +75,33 @@ def test_hostile_bytes_only_ever_reject(dataset: str, value: bytes) -> None:
         except RejectedInput:
             continue
         assert t.schema == DATASETS[dataset].schema  # e.g. b"[]" is zero rows
+
+
+def _two(t: pa.DataType) -> list[object]:
+    if pa.types.is_string(t):
+        return ["a", "b"]
+    return [True, False] if pa.types.is_boolean(t) else [1, 2]
+
+
+def test_a_table_already_in_the_dataset_schema_keeps_its_rows_and_null_checks() -> None:
+    """conform's fast path (the schema already equal): the same rows, the dataset schema's
+    metadata, and a NULL in a non-nullable column still refused, as on the general path."""
+    from services.lake.datasets import conform
+
+    schema = DATASETS["samples"].schema
+    strict = [f.name for f in schema if not f.nullable]
+    assert strict  # the check below has columns to look at
+    arrays = [pa.array([None, None] if f.nullable else _two(f.type), f.type) for f in schema]
+    table = pa.Table.from_arrays(arrays, schema=schema.with_metadata({b"k": b"v"}))
+    got = conform(table, schema)
+    assert got.equals(table) and got.schema.metadata == schema.metadata
+    # the same table, reordered: the general path gives the same answer
+    assert conform(table.select(list(reversed(schema.names))), schema).equals(got)
+    for name in strict:
+        i = schema.get_field_index(name)
+        holed = pa.Table.from_arrays(
+            [pa.nulls(2, a.type) if j == i else a for j, a in enumerate(arrays)], schema=schema
+        )
+        assert holed.schema.equals(schema)  # the fast path's case
+        with pytest.raises(ValueError, match=f"column {name} has NULLs"):
+            conform(holed, schema)
