@@ -18,7 +18,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from schemas.errors import BrokerError, ConfigError, RefineryError
-from services import allocator
+from services.heap import keep_arrow_pages
 from services.settings import RefinerySettings, load_settings
 
 # Modules that contribute sub-commands through ``add_parser(subparsers)``.
@@ -201,7 +201,7 @@ def one_line(e: ValidationError) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    allocator.configure()  # before build_parser: its command modules load pyarrow
+    keep_arrow_pages()  # before build_parser: its command modules load pyarrow
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

@@ -13,9 +13,10 @@ import sys
 import time
 from pathlib import Path
 
-from services import allocator
+from services.heap import keep_arrow_pages, keep_heap
 
-allocator.configure()  # as ``refinery worker`` runs: before pyarrow loads
+keep_arrow_pages()  # the worker's allocator settings (before pyarrow loads), so that the
+keep_heap()  # peak measured is the one a worker would have
 
 import pyarrow as pa  # noqa: E402
 

@@ -1,15 +1,19 @@
 """keep_heap: on glibc, a multi-megabyte allocation comes from the heap afterwards instead
-of a fresh mapping (whose pages would fault in again for every message)."""
+of a fresh mapping (whose pages would fault in again for every message). keep_arrow_pages:
+``refinery`` sets it before pyarrow loads, and mimalloc then keeps freed pages."""
 
 from __future__ import annotations
 
 import ctypes
+import os
 import platform
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from services.heap import keep_heap
+from services.heap import keep_arrow_pages, keep_heap
 
 pytestmark = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc only")
 
@@ -35,3 +39,59 @@ def test_a_large_allocation_comes_from_the_heap() -> None:
     finally:
         libc.free(p)
     assert keep_heap()  # applying it again is harmless
+
+
+def test_keep_arrow_pages_leaves_a_setting_of_the_user_alone() -> None:
+    env: dict[str, str] = {}
+    assert keep_arrow_pages(env) and env == {"MIMALLOC_PURGE_DELAY": "-1"}
+    env = {"MIMALLOC_PURGE_DELAY": "250"}
+    assert not keep_arrow_pages(env) and env == {"MIMALLOC_PURGE_DELAY": "250"}
+
+
+# Through the CLI's own entry point (``--help``: it loads every command module, pyarrow among
+# them), then Arrow buffers allocated, touched and freed, with idle time for mimalloc's purge
+# in between: the page faults of the cycles after the first.
+_CYCLES = """
+import resource, sys, time
+import services.cli as cli
+loaded_before = "pyarrow" in sys.modules
+try:
+    cli.main(["--help"])
+except SystemExit:
+    pass
+import numpy as np
+import pyarrow as pa
+
+def cycle():
+    bufs = [pa.allocate_buffer(600_000) for _ in range(100)]
+    for b in bufs:
+        np.frombuffer(b, dtype=np.uint8)[::4096] = 1
+
+cycle()
+time.sleep(0.3)
+f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(4):
+    cycle()
+    time.sleep(0.3)
+print(loaded_before, pa.default_memory_pool().backend_name,
+      resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0)
+"""
+
+
+def _faults(**env: str) -> tuple[str, str, int]:
+    base = {k: v for k, v in os.environ.items() if not k.startswith("MIMALLOC_")}
+    out = subprocess.run([sys.executable, "-c", _CYCLES], env={**base, **env},
+                         cwd=Path(__file__).resolve().parents[2], capture_output=True,
+                         text=True, check=True)  # fmt: skip
+    loaded, backend, faults = out.stdout.split()[-3:]
+    return loaded, backend, int(faults)
+
+
+def test_the_cli_keeps_arrow_pages_from_before_pyarrow_loads() -> None:
+    loaded, backend, faults = _faults()
+    if backend != "mimalloc":
+        pytest.skip(f"pyarrow's default pool here is {backend}")
+    assert loaded == "False"  # importing the CLI must not load pyarrow: the setting comes first
+    assert faults < 50  # freed pages were kept and reused
+    # the control: a purge delay the user set is respected, and then the pages go and come back
+    assert _faults(MIMALLOC_PURGE_DELAY="10")[2] > 200
