@@ -78,8 +78,9 @@ def test_a_huge_declared_size_is_oversized_without_wrapping() -> None:
     assert e.value.reason is Reason.OVERSIZED
 
 
-def test_a_buffer_outside_the_body_is_undecodable() -> None:
-    data = _stream(None)
+@pytest.mark.parametrize("compression", [None, "lz4"])  # checked in Python / in numpy
+def test_a_buffer_outside_the_body_is_undecodable(compression: str | None) -> None:
+    data = _stream(compression)
     msg, _ = _batch(data)
     meta = bytearray(msg.metadata.to_pybytes())
     batch = _batch_of(bytes(meta))
