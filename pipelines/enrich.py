@@ -30,6 +30,7 @@ import bisect
 from collections import OrderedDict, defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Any
 
 import pyarrow as pa
@@ -56,6 +57,7 @@ ENRICH_SCHEMA = pa.schema(
     ]
 )
 _NAMES = ENRICH_SCHEMA.names
+_ROW_VALUES = itemgetter(*_NAMES)  # a row's values in schema order
 Row = dict[str, Any]
 
 OPEN = 2**63 - 1
@@ -261,13 +263,24 @@ class TopologyIndex:
             self._cache.move_to_end(key)
             return hit[1]
         rows = dict(rows)
+        # a device that is neither a GPU nor a NIC port (a host's CPUs, disks, ...: most of a
+        # node's devices) joins the node alone, the same row for all of them: resolved once
+        # per call; the rows are never changed once made, so they may share it
+        other: Row | None = None
         for d in missing:
-            rows[d] = self.resolve(node, d, t)
+            if classify_device(d)[0] != "other":
+                rows[d] = self.resolve(node, d, t)
+            else:
+                if other is None:
+                    other = self.resolve(node, d, t)
+                rows[d] = other
         self.resolutions += len(missing)
         names = list(rows)
+        # the rows' values field by field: one transpose in C instead of a lookup per cell
+        values = list(zip(*map(_ROW_VALUES, rows.values()), strict=True)) or [()] * len(_NAMES)
         cols = {"device": pa.array(names, pa.string())}
-        for f in ENRICH_SCHEMA:
-            cols[f.name] = pa.array([rows[d][f.name] for d in names], f.type)
+        for f, vals in zip(ENRICH_SCHEMA, values, strict=True):
+            cols[f.name] = pa.array(vals, f.type)
         table = pa.table(cols)
         self._cache[key] = (rows, table)
         self._cache.move_to_end(key)

@@ -98,3 +98,14 @@ def test_resolution_is_cached_per_distinct_device() -> None:
         out = idx.enrich("n1", devs, pa.array([T + k] * 1500, pa.int64()))
         assert out.num_rows == 1500
     assert idx.resolutions == 3
+
+
+def test_batch_rows_equal_each_device_resolved_alone() -> None:
+    # the batch join resolves a node's non-fabric devices once and shares that row: every row
+    # must still be what resolving its own device gives, across versions, jobs and nodes
+    devs = ["cpu0", "gpu0", "nvme0", "mlx5_0/1", "cpu1", "gpu7", "mlx5_1/1/prio3", "mem"]
+    for node, t in (("n1", T), ("n1", 2 * T), ("n1", 4 * T), ("n2", 6 * T), ("nX", T)):
+        got = enrich(node, devs * 3, [t] * (3 * len(devs)))
+        alone = TopologyIndex(ENTS, JOBS)
+        want = [alone.resolve(node, d, t) for d in devs] * 3
+        assert got == want, (node, t)
