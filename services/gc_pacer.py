@@ -12,7 +12,8 @@ collector skips them from then on), first once the process is warm, then every
 ``every_s`` seconds, unfreezing first, so that garbage among once-frozen objects is still
 collected then and nothing is kept for good. Between two of these, collections look only at
 objects created since the last. The caller runs :meth:`GcPacer.maybe` between groups, on the
-thread that refines; the pause it takes (one full collection) is reported.
+thread that refines; the pause it takes (one full collection) is reported. :meth:`GcPacer.prime`
+takes the first, long one before the process reads any data.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ class GcPacer:
         self.settles = 0
         self.last_pause_s = 0.0
         self.frozen = 0
+        self._primed = False  # the next settle need not unfreeze (see prime)
 
     def due(self) -> bool:
         return self._next is None or self._clock() >= self._next
@@ -43,13 +45,25 @@ class GcPacer:
         """Settle the heap if it is time; True if it did."""
         if not self.due():
             return False
-        self.settle()
+        self.settle(unfreeze=not self._primed)
+        self._primed = False
         return True
 
-    def settle(self) -> None:
-        """Unfreeze, collect everything, freeze what survived."""
+    def prime(self) -> None:
+        """Settle now, before any data comes, and once more at the next :meth:`maybe`
+        without unfreezing: the first settle of a fresh process traverses all it has loaded
+        (~120-190 ms in the worker), which had stopped the worker's first group with records
+        waiting; the next one collects only what was made since (what the first group built,
+        the refiner's caches and state among it) and freezes it too."""
+        self.settle()
+        self._next = None
+        self._primed = True
+
+    def settle(self, unfreeze: bool = True) -> None:
+        """Unfreeze (unless told not to), collect everything, freeze what survived."""
         t0 = time.perf_counter()
-        gc.unfreeze()
+        if unfreeze:
+            gc.unfreeze()
         gc.collect()
         gc.freeze()
         self.last_pause_s = time.perf_counter() - t0

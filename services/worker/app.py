@@ -220,7 +220,9 @@ def build_app(
 
     last_offset: dict[tuple[str, int], int] = {}  # per input partition, this assignment
     commits = CommitWatch(kafka.librdkafka(), cfg.app_id)  # the group's committed offsets
-    gc_pacer = GcPacer(cfg.gc_settle_every_s)  # first after the first group: the process is warm
+    # primed when the first agent starts (the long first settle before any record waits),
+    # then again after the first group, once that has built the refiner's caches and state
+    gc_pacer = GcPacer(cfg.gc_settle_every_s)
     # the process's output producer (refine_group reads it from the app at each group)
     producer = attach_outputs(app, kafka, cfg.app_id)
     # a group's end waits at most the producer's deadline plus its 5 s of delivery polling
@@ -291,6 +293,9 @@ def build_app(
         # next group is refined: the refining thread no longer sits idle through two broker
         # round trips per group. The ends run one at a time, in group order.
         ending: asyncio.Task[None] | None = None
+        if gc_pacer.settles == 0:
+            gc_pacer.prime()
+            telemetry.record("worker.gc_settle_s", gc_pacer.last_pause_s, unit="s")
         async with manual_acks(stream, cfg.take_max, cfg.take_within_s) as groups:
             try:
                 async for events in groups:

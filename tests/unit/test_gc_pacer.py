@@ -71,3 +71,26 @@ def test_settles_first_at_once_then_every_interval() -> None:
     now[0] += 1.0
     assert pacer.maybe()
     assert pacer.settles == 2
+
+
+def test_prime_settles_now_and_the_next_settle_only_adds_to_the_frozen_heap() -> None:
+    now = [100.0]
+    pacer = GcPacer(every_s=600.0, clock=lambda: now[0])
+    a = _Node()
+    a.other = _Node()
+    a.other.other = a
+    ref = weakref.ref(a)
+    pacer.prime()  # the cycle is alive: frozen
+    assert pacer.settles == 1
+    del a  # garbage now, among the frozen objects
+    made_after = _Node()  # what the first group builds
+    assert any(o is made_after for o in gc.get_objects())
+    assert pacer.maybe()  # due again at once, after the first group
+    assert pacer.settles == 2
+    assert not any(o is made_after for o in gc.get_objects())  # frozen too
+    # that settle did not unfreeze: it left the frozen heap, garbage and all, untraversed
+    assert ref() is not None
+    assert not pacer.maybe()
+    now[0] += 600.0
+    assert pacer.maybe()  # the scheduled settle unfreezes first and collects it
+    assert ref() is None
