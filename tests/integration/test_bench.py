@@ -44,10 +44,12 @@ FIGURES = {
     "freshness": [
         "refined_p99_s",
         "refined_newest_p99_s",
+        "refined_warm_p99_s",
         "duckdb_p99_s",
         "load_vs_worker_max",
         "worker_alone_refined_p99_s",
         "worker_alone_spread_refined_p99_s",  # (0.2 s lockstep and 0.5 s spread: not smoke)
+        "worker_alone_spread_refined_warm_p99_s",
     ],
     "lake": [
         "landing_to_write_table_ratio",
