@@ -113,7 +113,16 @@ class TopologyIndex:
             if e.valid_to is not None:
                 target.add(e.valid_to)
             (self._by_node[e.node] if e.node else self._fabric).append(e)
+        # per job (by id): its nodes as a set and each (node, gpu)'s first rank, so that a
+        # resolution looks them up instead of scanning a job's ranks (8 a node) per device
+        self._job_nodes: dict[int, frozenset[str]] = {}
+        self._job_ranks: dict[int, dict[tuple[str, str], int]] = {}
         for j in sorted(jobs, key=lambda j: (j.start_ns, j.job)):
+            self._job_nodes[id(j)] = frozenset(j.nodes)
+            ranks: dict[tuple[str, str], int] = {}
+            for r in j.ranks:
+                ranks.setdefault((r.node, r.gpu), r.rank)
+            self._job_ranks[id(j)] = ranks
             for node in {*j.nodes, *(r.node for r in j.ranks)}:
                 self._jobs[node].append(j)
                 bounds_node[node].add(j.start_ns)
@@ -242,11 +251,11 @@ class TopologyIndex:
             if not _job_valid(j, t):
                 continue
             if gpu is not None:
-                for r in j.ranks:
-                    if r.node == node and r.gpu == gpu:
-                        row["job"], row["rank"] = j.job, r.rank
-                        return
-            if holder is None and node in j.nodes:
+                rank = self._job_ranks[id(j)].get((node, gpu))
+                if rank is not None:
+                    row["job"], row["rank"] = j.job, rank
+                    return
+            if holder is None and node in self._job_nodes[id(j)]:
                 holder = j
         if holder is not None:
             row["job"] = holder.job
