@@ -30,6 +30,7 @@ import bisect
 from collections import OrderedDict, defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
+from functools import lru_cache
 from operator import itemgetter
 from typing import Any
 
@@ -81,6 +82,7 @@ def _job_valid(j: JobPlacement, t: int) -> bool:
     return j.start_ns <= t < (OPEN if j.end_ns is None else j.end_ns)
 
 
+@lru_cache(maxsize=1 << 16)  # device names repeat across nodes ("cpu0", "gpu3", "mlx5_0/1")
 def classify_device(device: str) -> tuple[str, str, str | None]:
     """``("gpu", "gpu3", None)``, ``("nic", "mlx5_0", "1")`` or ``("other", device, None)``."""
     parts = device.split("/")
