@@ -132,7 +132,9 @@ def build_detect_app(
     feed = TopologyFeed(conf, topics.topology, topics.jobs)
     state = _State()
     progress = Progress()
-    gc_pacer = GcPacer(cfg.gc_settle_every_s)  # first after the first group
+    # primed when the agent starts (the long first settle before any record waits), then
+    # again after the first group
+    gc_pacer = GcPacer(cfg.gc_settle_every_s)
     lock = asyncio.Lock()  # one user of the detector at a time, outputs in order
     ready = asyncio.Event()  # set while no warm-up is under way
     inputs = set(topics.inputs)
@@ -185,6 +187,9 @@ def build_detect_app(
         supervisor_strategy=CrashingSupervisor,
     )
     async def detect(stream: Any) -> None:
+        if gc_pacer.settles == 0:
+            gc_pacer.prime()
+            telemetry.record("detect.gc_settle_s", gc_pacer.last_pause_s, unit="s")
         async with manual_acks(stream, cfg.take_max, cfg.take_within_s) as groups:
             async for events in groups:
                 await ready.wait()
