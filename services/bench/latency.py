@@ -144,9 +144,15 @@ def _refined_freshness(
         empty = np.array([], np.float64)
         return empty, empty, empty
     lat = np.concatenate(per_sample).astype(np.float64) / S
-    ts_all = np.concatenate(stamps)
-    warm = lat[ts_all >= ts_all.min() + round(warmup_s * S)]
-    return lat, np.asarray(newest, np.float64) / S, warm
+    return lat, np.asarray(newest, np.float64) / S, once_warm(lat, np.concatenate(stamps), warmup_s)
+
+
+def once_warm(latency_s: np.ndarray, ts_ns: np.ndarray, warmup_s: float) -> np.ndarray:
+    """The latencies of the samples stamped ``warmup_s`` or more after the first sample
+    (``ts_ns``: each sample's stamp, in the order of ``latency_s``)."""
+    if not len(ts_ns):
+        return latency_s[:0]
+    return latency_s[ts_ns >= int(ts_ns.min()) + round(warmup_s * S)]
 
 
 def _warm_note(warmup_s: float, whole: str) -> str:
