@@ -74,6 +74,17 @@ class _NodeView:
     by_kind: dict[EntityKind, dict[str, TopologyEntity]]  # kind → device → first entity
 
 
+@dataclass(frozen=True)
+class _NodeJob:
+    """A job as one of its nodes sees it, built with the index: whether the job holds the
+    node, and the node's GPUs' ranks (the first of each), looked up instead of scanning
+    the job's ranks per resolved device."""
+
+    job: JobPlacement
+    holds: bool
+    ranks: dict[str, int]
+
+
 def _valid(e: TopologyEntity, t: int) -> bool:
     return e.valid_from <= t < (OPEN if e.valid_to is None else e.valid_to)
 
@@ -106,7 +117,7 @@ class TopologyIndex:
     ) -> None:
         self._by_node: dict[str, list[TopologyEntity]] = defaultdict(list)
         self._fabric: list[TopologyEntity] = []  # switches and switch-to-switch links
-        self._jobs: dict[str, list[JobPlacement]] = defaultdict(list)
+        self._jobs: dict[str, list[_NodeJob]] = defaultdict(list)
         bounds_node: dict[str, set[int]] = defaultdict(set)
         bounds_fabric: set[int] = set()
         for e in entities:
@@ -115,18 +126,13 @@ class TopologyIndex:
             if e.valid_to is not None:
                 target.add(e.valid_to)
             (self._by_node[e.node] if e.node else self._fabric).append(e)
-        # per job (by id): its nodes as a set and each (node, gpu)'s first rank, so that a
-        # resolution looks them up instead of scanning a job's ranks (8 a node) per device
-        self._job_nodes: dict[int, frozenset[str]] = {}
-        self._job_ranks: dict[int, dict[tuple[str, str], int]] = {}
         for j in sorted(jobs, key=lambda j: (j.start_ns, j.job)):
-            self._job_nodes[id(j)] = frozenset(j.nodes)
-            ranks: dict[tuple[str, str], int] = {}
+            ranks: dict[str, dict[str, int]] = defaultdict(dict)  # node → GPU → first rank
             for r in j.ranks:
-                ranks.setdefault((r.node, r.gpu), r.rank)
-            self._job_ranks[id(j)] = ranks
-            for node in {*j.nodes, *(r.node for r in j.ranks)}:
-                self._jobs[node].append(j)
+                ranks[r.node].setdefault(r.gpu, r.rank)
+            holds = set(j.nodes)
+            for node in holds | ranks.keys():
+                self._jobs[node].append(_NodeJob(j, node in holds, ranks.get(node, {})))
                 bounds_node[node].add(j.start_ns)
                 if j.end_ns is not None:
                     bounds_node[node].add(j.end_ns)
@@ -249,15 +255,16 @@ class TopologyIndex:
 
     def _job(self, row: Row, node: str, gpu: str | None, t: int) -> None:
         holder = None
-        for j in self._jobs.get(node, ()):
+        for nj in self._jobs.get(node, ()):
+            j = nj.job
             if not _job_valid(j, t):
                 continue
             if gpu is not None:
-                rank = self._job_ranks[id(j)].get((node, gpu))
+                rank = nj.ranks.get(gpu)
                 if rank is not None:
                     row["job"], row["rank"] = j.job, rank
                     return
-            if holder is None and node in self._job_nodes[id(j)]:
+            if holder is None and nj.holds:
                 holder = j
         if holder is not None:
             row["job"] = holder.job

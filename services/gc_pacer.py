@@ -49,15 +49,19 @@ class GcPacer:
         self._primed = False
         return True
 
-    def prime(self) -> None:
-        """Settle now, before any data comes, and once more at the next :meth:`maybe`
+    def prime(self) -> bool:
+        """Unless it has settled before (True if it settles now): settle now, before any
+        data comes, and once more at the next :meth:`maybe`
         without unfreezing: the first settle of a fresh process traverses all it has loaded
         (~120-190 ms in the worker), which had stopped the worker's first group with records
         waiting; the next one collects only what was made since (what the first group built,
         the refiner's caches and state among it) and freezes it too."""
+        if self.settles:
+            return False
         self.settle()
         self._next = None
         self._primed = True
+        return True
 
     def settle(self, unfreeze: bool = True) -> None:
         """Unfreeze (unless told not to), collect everything, freeze what survived."""

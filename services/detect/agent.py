@@ -187,8 +187,7 @@ def build_detect_app(
         supervisor_strategy=CrashingSupervisor,
     )
     async def detect(stream: Any) -> None:
-        if gc_pacer.settles == 0:
-            gc_pacer.prime()
+        if gc_pacer.prime():
             telemetry.record("detect.gc_settle_s", gc_pacer.last_pause_s, unit="s")
         async with manual_acks(stream, cfg.take_max, cfg.take_within_s) as groups:
             async for events in groups:

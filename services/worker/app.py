@@ -293,8 +293,7 @@ def build_app(
         # next group is refined: the refining thread no longer sits idle through two broker
         # round trips per group. The ends run one at a time, in group order.
         ending: asyncio.Task[None] | None = None
-        if gc_pacer.settles == 0:
-            gc_pacer.prime()
+        if gc_pacer.prime():
             telemetry.record("worker.gc_settle_s", gc_pacer.last_pause_s, unit="s")
         async with manual_acks(stream, cfg.take_max, cfg.take_within_s) as groups:
             try:
