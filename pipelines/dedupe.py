@@ -82,18 +82,20 @@ class SeqWindow:
         return SeqOutcome.NEW
 
     def _prune(self) -> None:
+        """Forget the seqs at the front of the dict that fell out of the window. Seqs arrive
+        nearly in order, so the oldest sit at the front; one that came late may stay behind a
+        newer one, but never more than ``2 * window - 1`` entries remain: the first entry
+        ``f`` left is in the window (``f > hwm - window``), and every entry after it came
+        when the mark was at least ``f``, so above ``f - window`` (older ones are stale):
+        all are distinct seqs in ``(f - window, f + window)``."""
         floor = self.hwm - self.window
         pos = self.positions
-        # seqs arrive nearly in order, so the oldest sit at the front of the dict
         while pos:
             oldest = next(iter(pos))
             if oldest > floor:
                 break
             del pos[oldest]
             self._pack.drop_first()
-        if len(pos) > 2 * self.window:  # out-of-order arrivals stuck behind newer ones
-            self.positions = {s: p for s, p in pos.items() if s > floor}
-            self._pack.invalidate()
 
     def packed(self) -> bytes:
         """The positions in order as little-endian int64 triples (seq, partition, offset),

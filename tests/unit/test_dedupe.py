@@ -39,7 +39,21 @@ def test_seq_window_memory_is_bounded_with_out_of_order_arrivals() -> None:
         seqs[i : i + 50] = chunk
     for s in seqs:
         w.observe(s, (0, s))
-    assert len(w.positions) <= 2 * 64 + 1
+        assert len(w.positions) < 2 * 64
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(0, 200), max_size=400), st.integers(1, 24))
+def test_seq_window_never_holds_two_windows_in_any_arrival_order(
+    seqs: list[int], window: int
+) -> None:
+    """Whatever the order, late seqs left behind newer ones included, the window keeps fewer
+    than ``2 * window`` positions and every seq still in the window."""
+    w = SeqWindow(window=window)
+    for i, s in enumerate(seqs):
+        w.observe(s, (0, i))
+        assert len(w.positions) < 2 * window
+        assert set(w.positions) >= {x for x in seqs[: i + 1] if x > w.hwm - window}
 
 
 @settings(max_examples=200, deadline=None)
