@@ -55,13 +55,15 @@ class Sizes:
     # the worker-alone freshness runs beyond lockstep and spread at 1 s (0.2 s lockstep,
     # 0.5 s spread): a minute more, left out of the smoke run
     all_intervals: bool = True
+    # the lake's small-file penalty: nodes, seconds landed in 2 s flushes, timed repeats
+    lake_penalty: tuple[int, int, int] = (128, 900, 2)
 
     @classmethod
     def of(cls, mode: str) -> Sizes:
         if mode == "smoke":  # every figure once, at sizes too small to mean much (CI)
-            return cls(150_000, 20, 10, 15, 1, 20_000, 5, 60.0, 25, 60_000.0, False)
+            return cls(150_000, 20, 10, 15, 1, 20_000, 5, 60.0, 25, 60_000.0, False, (8, 60, 1))
         if mode == "quick":
-            return cls(900_000, 250, 40, 30, 1, 100_000, 20, 60.0, 60)
+            return cls(900_000, 250, 40, 30, 1, 100_000, 20, 60.0, 60, lake_penalty=(16, 300, 3))
         return cls(8_000_000, 1000, 300, 60, 2, 2_000_000, 200, 300.0, 360)
 
 
@@ -261,7 +263,7 @@ def _plan(
         "refine_memory": lambda: [local.bench_refine_memory(sizes.memory_sources)],
         "clock": lambda: [local.bench_clock(sizes.clock_sources)],
         "freshness": pipeline,
-        "lake": lambda: [local.bench_lake(sizes.lake_rows)],
+        "lake": lambda: [local.bench_lake(sizes.lake_rows, penalty=sizes.lake_penalty)],
         "exporter": lambda: [local.bench_exporter(sizes.scrapes)],
         "alert_latency": pipeline,
         "alert_accuracy": accuracy,

@@ -143,24 +143,28 @@ def bench_clock(sources: int, batches: int = 240, seed: int = 0) -> BenchResult:
     return r
 
 
-def bench_lake(rows: int, query_rows: int | None = None) -> BenchResult:
+def bench_lake(
+    rows: int, query_rows: int | None = None, penalty: tuple[int, int, int] | None = None
+) -> BenchResult:
     """The lake: landing and bytes/sample at about ``rows`` rows; the named queries on a
     compacted lake of ``query_rows`` samples against one sorted file of them (default: 10^8
-    in full mode, ``rows`` >= 10^6; 10 x ``rows`` in quick mode), and the small-file penalty
-    on 15 minutes of 128 nodes landed in 2 s flushes (5 minutes of 16 nodes in quick mode)."""
+    in full mode, ``rows`` >= 10^6; 10 x ``rows`` otherwise), and the small-file penalty on
+    ``penalty`` = (nodes, seconds, timed repeats) landed in 2 s flushes (default: 15 minutes
+    of 128 nodes, twice, in full mode; 5 minutes of 16 nodes, three times, otherwise)."""
     from services.lake import bench as lake
     from services.lake import scalebench
     from services.lake.synth_lake import LakeSpec
 
     full = rows >= 1_000_000
     query_rows = query_rows or (100_000_000 if full else 10 * rows)
-    slice_spec = LakeSpec(nodes=128, seconds=900) if full else LakeSpec(nodes=16, seconds=300)
+    nodes, seconds, repeat = penalty or ((128, 900, 2) if full else (16, 300, 3))
+    slice_spec = LakeSpec(nodes=nodes, seconds=seconds)
     r = BenchResult("lake")
     with contextlib.redirect_stdout(sys.stderr):  # its own lines are progress, not results
         land = lake.bench_landing(rows)
         size = lake.bench_bytes_per_sample(rows)
         q = scalebench.bench_queries_at_scale(query_rows)
-        pen = scalebench.bench_small_file_penalty(slice_spec, repeat=2 if full else 3)
+        pen = scalebench.bench_small_file_penalty(slice_spec, repeat=repeat)
     r.add("landing_to_write_table_ratio", land["ratio"], "x", ">=", 0.8, note="wall clock")
     r.add("landing_cpu_ratio", land["cpu_ratio"], "x", note="process CPU, write_table/landing")
     r.add(
