@@ -17,7 +17,7 @@ demo: install
 	$(BIN)/refinery demo
 
 test: install
-	$(BIN)/pytest -q -n 2 --dist loadgroup
+	$(BIN)/pytest -q
 
 lint: install
 	$(BIN)/ruff check .

@@ -19,27 +19,6 @@ FIXTURES = REPO / "tests" / "fixtures"
 REAL_DATA = FIXTURES / "real-data"
 
 
-# Tests that run the pipeline (simulator, worker, detect, lander) on the machine's cores: under
-# ``pytest -n 2 --dist loadgroup`` (``make test``) they run one after another on one xdist
-# worker, so no two of them share the two cores with each other; every other test runs beside
-# them on the other worker.
-PIPELINE_FILES = {
-    "test_bench.py",
-    "test_pipeline_e2e.py",
-    "test_detect_e2e.py",
-    "test_detect_faust.py",
-    "test_demo.py",
-    "test_alert_restarts.py",
-    "test_slow_disk.py",
-}
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    for item in items:
-        if item.path.name in PIPELINE_FILES:
-            item.add_marker(pytest.mark.xdist_group("pipeline"))
-
-
 @pytest.fixture(scope="session")
 def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """Bootstrap servers of a real broker ("127.0.0.1:PORT")."""
