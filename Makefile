@@ -16,8 +16,11 @@ install: $(BIN)/refinery
 demo: install
 	$(BIN)/refinery demo
 
+# the tests without a broker (CPU-bound, two xdist workers), then those against one, in one
+# process: the pipeline tests need both cores (their clock bounds assume prompt sends)
 test: install
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n 2 tests/unit tests/fuzz
+	$(BIN)/pytest -q tests --ignore=tests/unit --ignore=tests/fuzz
 
 lint: install
 	$(BIN)/ruff check .
