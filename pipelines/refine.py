@@ -40,6 +40,7 @@ from pipelines.enrich import TopologyIndex
 from pipelines.validate import (
     LayoutCache,
     RejectedRows,
+    SharedLayouts,
     ValidateLimits,
     reject_detail,
     validate_samples,
@@ -70,6 +71,7 @@ class RefineState:
     watermarks: dict[str, int] = field(default_factory=dict)
     decoders: dict[int, StateDecoder] = field(default_factory=dict)  # by id(catalog)
     layouts: dict[str, LayoutCache] = field(default_factory=dict)  # caches, not state
+    shared_layouts: SharedLayouts = field(default_factory=SharedLayouts)
     counter_layouts: dict[str, CounterLayout] = field(default_factory=dict)
 
 
@@ -226,7 +228,9 @@ def _refine_wave(
     tables = [x.item.batch.table for x in live]
     big = tables[0] if len(tables) == 1 else pa.concat_tables(tables).combine_chunks()
     parts = [(n, _layout(state, x)) for n, x in zip(sizes, live, strict=True)]
-    v = validate_samples(big, catalog, now_ns, settings.limits, parts=parts)
+    v = validate_samples(
+        big, catalog, now_ns, settings.limits, parts=parts, shared=state.shared_layouts
+    )
     acc_rows = column(v.accepted, "row").to_numpy(zero_copy_only=False)
     cuts = np.searchsorted(acc_rows, starts)
     rejected: list[list[RejectedRows]] = [[] for _ in live]

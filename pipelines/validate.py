@@ -36,6 +36,8 @@ Example::
 
 from __future__ import annotations
 
+import copy
+import hashlib
 import weakref
 from dataclasses import dataclass, field
 from typing import Any
@@ -235,12 +237,58 @@ class LayoutCache:
     row_index: Array = None
 
 
+class SharedLayouts:
+    """Layouts found for one source, offered to the others (a cache, not state): the sources
+    of a cluster's nodes mostly send the same series in the same order (the same exporter on
+    the same hardware), so a source seen for the first time, after a start or a rebalance,
+    takes the layout of another instead of deriving its own. Found by a digest of the metric
+    and device columns, confirmed by comparing them; at most ``size`` layouts, the oldest
+    dropped first."""
+
+    def __init__(self, size: int = 256) -> None:
+        self._items: dict[tuple[int, bytes], LayoutCache] = {}
+        self._size = size
+        self.hits = 0
+
+    @staticmethod
+    def key(metric: Array, device: Array) -> tuple[int, bytes]:
+        """A digest of two unsliced arrays' buffers (padding bytes may make equal columns
+        differ here: a miss, never a wrong layout, since a hit is compared)."""
+        h = hashlib.blake2b(digest_size=16)
+        for arr in (metric, device):
+            for buf in arr.buffers():
+                h.update(b"-" if buf is None else buf)
+        return len(metric), h.digest()
+
+    def find(
+        self, key: tuple[int, bytes], metric: Array, device: Array, catalog: Catalog,
+        limits: ValidateLimits,
+    ) -> LayoutCache | None:  # fmt: skip
+        lay = self._items.get(key)
+        if (
+            lay is None
+            or lay.catalog is not catalog
+            or lay.limits != limits
+            or not lay.metric.equals(metric)
+            or not lay.device.equals(device)
+        ):
+            return None
+        self.hits += 1
+        return lay
+
+    def put(self, key: tuple[int, bytes], lay: LayoutCache) -> None:
+        if len(self._items) >= self._size:
+            del self._items[next(iter(self._items))]
+        self._items[key] = lay
+
+
 def _layout(
     metric: Array,
     device: Array,
     catalog: Catalog,
     limits: ValidateLimits,
     cache: LayoutCache | None,
+    shared: SharedLayouts | None = None,
 ) -> LayoutCache:
     if (
         cache is not None
@@ -252,9 +300,16 @@ def _layout(
     ):
         return cache
     lay = cache if cache is not None else LayoutCache()
-    enc = metric.dictionary_encode()
+    key = None
     if cache is not None:  # kept: a copy, not a view that would keep a whole wave alive
         metric, device = pa.concat_arrays([metric]), pa.concat_arrays([device])
+        if shared is not None:
+            key = shared.key(metric, device)
+            found = shared.find(key, metric, device, catalog, limits)
+            if found is not None:  # its arrays are never changed: the fields are shared
+                lay.__dict__.update(found.__dict__)
+                return lay
+    enc = metric.dictionary_encode()
     lay.metric, lay.device, lay.catalog, lay.limits = metric, device, catalog, limits
     lay.idx = enc.indices
     names = enc.dictionary.to_pylist()
@@ -276,6 +331,8 @@ def _layout(
         dev_len = pc.utf8_length(device)
     lay.bad_device = pc.or_(pc.equal(dev_len, 0), pc.greater(dev_len, limits.max_device_len))
     lay.row_index = pa.array(np.arange(len(metric), dtype=np.int64))
+    if key is not None and shared is not None:
+        shared.put(key, copy.copy(lay))
     return lay
 
 
@@ -285,13 +342,15 @@ def _joined_layout(
     catalog: Catalog,
     limits: ValidateLimits,
     parts: list[tuple[int, LayoutCache]],
+    shared: SharedLayouts | None = None,
 ) -> LayoutCache:
     """The layout of a table of several batches from the layouts of each (``parts``: row
     count and cache, in table order), each found in or put into its own cache."""
     lays = []
     at = 0
     for rows, cache in parts:
-        lays.append(_layout(metric.slice(at, rows), device.slice(at, rows), catalog, limits, cache))
+        m, d = metric.slice(at, rows), device.slice(at, rows)
+        lays.append(_layout(m, d, catalog, limits, cache, shared))
         at += rows
     if len(lays) == 1:
         return lays[0]
@@ -315,6 +374,7 @@ def validate_samples(
     now_ns: int,
     limits: ValidateLimits = ValidateLimits(),
     parts: list[tuple[int, LayoutCache]] | None = None,
+    shared: SharedLayouts | None = None,
 ) -> Validated:
     """Check every row of a samples table (:data:`schemas.wire.SAMPLES_SCHEMA`).
 
@@ -322,7 +382,8 @@ def validate_samples(
     source's :class:`LayoutCache`, which remembers what depends only on the batch's
     ``metric``/``device`` columns; exporters send the same series in the same order every
     scrape, so the next batch with equal columns skips that work, and the table's layout is
-    its batches' put end to end.
+    its batches' put end to end. ``shared`` (optional, with ``parts``): layouts another
+    source found, for a batch whose own cache has none that fits.
 
     Does not block or raise on any content of the table; returns accepted rows and the
     rejected row groups.
@@ -333,7 +394,7 @@ def validate_samples(
     metric_col = column(table, "metric")
     device = column(table, "device")
     if parts is not None:
-        lay = _joined_layout(metric_col, device, catalog, limits, parts)
+        lay = _joined_layout(metric_col, device, catalog, limits, parts, shared)
     else:
         lay = _layout(metric_col, device, catalog, limits, None)
     idx, metrics, attr = lay.idx, lay.metrics, lay.attr

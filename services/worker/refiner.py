@@ -126,8 +126,9 @@ class Refiner:
     # -- state ------------------------------------------------------------------------------
 
     def forget(self) -> None:
-        """Drop in-memory state (partitions were revoked); it reloads from the tables."""
-        self.state = RefineState()
+        """Drop in-memory state (partitions were revoked); it reloads from the tables. The
+        layouts shared between sources are kept: they depend on no source's state."""
+        self.state = RefineState(shared_layouts=self.state.shared_layouts)
         self._loaded_streams.clear()
         self._loaded_nodes.clear()
         self._flagged.clear()

@@ -8,7 +8,7 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipelines.validate import LayoutCache, ValidateLimits, validate_samples
+from pipelines.validate import LayoutCache, SharedLayouts, ValidateLimits, validate_samples
 from schemas.catalog import Catalog, Kind, Metric, Origin, Overflow
 from schemas.reasons import Reason
 from schemas.wire import SAMPLES_SCHEMA
@@ -148,6 +148,61 @@ def test_parts_with_their_caches_validate_as_the_whole_table(
             (r.reason, r.rows, r.detail) for r in want.rejected
         ]
     assert all(c.metric is not None for c, b in zip(caches, batches, strict=True) if b)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(st.lists(bad_rows, min_size=1, max_size=12), min_size=1, max_size=4),
+    st.lists(st.tuples(st.integers(0, 5), st.integers(0, 3)), min_size=1, max_size=14),
+)
+def test_layouts_shared_between_sources_validate_as_each_alone(
+    batches: list[list[dict[str, object]]], steps: list[tuple[int, int]]
+) -> None:
+    """Six sources, each with its own layout cache and one shared between them, send these
+    batches in any order: every result is what the batch gives validated alone, and a source
+    meeting a batch another source's layout fits takes that layout instead of deriving it."""
+    shared = SharedLayouts()
+    caches = [LayoutCache() for _ in range(6)]
+    derived: set[int] = set()
+    expect_hits = 0
+    for src, b in steps:
+        rows = batches[b % len(batches)]
+        t = table(rows)
+        want = validate_samples(t, CAT, NOW)
+        cache = caches[src]
+        own = (
+            cache.metric is not None
+            and cache.metric.equals(t.column("metric").chunk(0))
+            and cache.device.equals(t.column("device").chunk(0))
+        )
+        fits = {
+            i for i, r in enumerate(batches)
+            if [(x["metric"], x["device"]) for x in r] == [(x["metric"], x["device"]) for x in rows]
+        }  # fmt: skip
+        if not own and fits & derived:
+            expect_hits += 1
+        got = validate_samples(t, CAT, NOW, parts=[(len(rows), cache)], shared=shared)
+        assert got.accepted.equals(want.accepted)
+        assert [(r.reason, r.rows, r.detail) for r in got.rejected] == [
+            (r.reason, r.rows, r.detail) for r in want.rejected
+        ]
+        derived |= fits
+    assert shared.hits == expect_hits
+
+
+def test_a_source_takes_the_layout_another_source_derived() -> None:
+    t = table([row(), row(metric="ib.port_rcv_data", device="mlx5_0/1", raw=5), row(device="")])
+    shared = SharedLayouts()
+    first, second = LayoutCache(), LayoutCache()
+    a = validate_samples(t, CAT, NOW, parts=[(3, first)], shared=shared)
+    b = validate_samples(t, CAT, NOW, parts=[(3, second)], shared=shared)
+    assert shared.hits == 1
+    assert second.idx is first.idx and second.bad_device is first.bad_device
+    assert a.accepted.equals(b.accepted) and reasons(a) == reasons(b) == {"bad_device": [2]}
+    # another device column: no layout fits it, the source derives its own
+    other = table([row(), row(metric="ib.port_rcv_data", device="mlx5_0/1", raw=5), row()])
+    c = validate_samples(other, CAT, NOW, parts=[(3, LayoutCache())], shared=shared)
+    assert shared.hits == 1 and c.accepted.num_rows == 3
 
 
 def test_device_length_is_counted_in_characters_not_bytes() -> None:
