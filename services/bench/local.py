@@ -144,20 +144,20 @@ def bench_clock(sources: int, batches: int = 240, seed: int = 0) -> BenchResult:
 
 
 def bench_lake(
-    rows: int, query_rows: int | None = None, penalty: tuple[int, int, int] | None = None
+    rows: int, *, penalty: tuple[int, int, int], query_rows: int | None = None
 ) -> BenchResult:
     """The lake: landing and bytes/sample at about ``rows`` rows; the named queries on a
     compacted lake of ``query_rows`` samples against one sorted file of them (default: 10^8
     in full mode, ``rows`` >= 10^6; 10 x ``rows`` otherwise), and the small-file penalty on
-    ``penalty`` = (nodes, seconds, timed repeats) landed in 2 s flushes (default: 15 minutes
-    of 128 nodes, twice, in full mode; 5 minutes of 16 nodes, three times, otherwise)."""
+    ``penalty`` = (nodes, seconds, timed repeats) landed in 2 s flushes (each mode's in
+    :class:`services.bench.cli.Sizes`)."""
     from services.lake import bench as lake
     from services.lake import scalebench
     from services.lake.synth_lake import LakeSpec
 
     full = rows >= 1_000_000
     query_rows = query_rows or (100_000_000 if full else 10 * rows)
-    nodes, seconds, repeat = penalty or ((128, 900, 2) if full else (16, 300, 3))
+    nodes, seconds, repeat = penalty
     slice_spec = LakeSpec(nodes=nodes, seconds=seconds)
     r = BenchResult("lake")
     with contextlib.redirect_stdout(sys.stderr):  # its own lines are progress, not results
