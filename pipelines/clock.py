@@ -26,11 +26,34 @@ points' distances below the line: how well the minimum delay is pinned down), pl
 ``max_drift x span + initial_error`` before the fit has ``min_fit_points`` (at start and
 after a step, a few points say nothing about their delays).
 
+The bound above trusts the points' minimum delay to stay put over the window: the line's
+slope is then the drift. Delays whose lower envelope rises or falls (a host or a link loaded
+more and more: every send queued longer than the one before) tilt the line the same way, and
+one-way stamps cannot tell the two apart. Oscillators do not drift by more than
+``plausible_drift_ppm`` (200 ppm; real ones by tens): when the hull's slope at ``x̄`` is
+steeper than that by more than the points' scatter explains (``2 x median gap / span``),
+the tilt is taken as a delay trend, and only "some point of the window had a nominal delay"
+is assumed. From such a point ``i`` the error at ``x`` is at most ``gap_i + |b - drift| x
+|x - x_i|``, so the bound grows by ``largest gap + (|b| + plausible) x window span``.
+
+A trend that began or ended within the window bends the hull instead. Drift is one slope
+over minutes, so when the hull's slope at the first quarter of the span exceeds its slope at
+the third quarter by more than ``8 x scatter / span`` (with ``32`` points or more; the
+scatter is the points' median distance below the hull, which a bend does not inflate), or
+at the first and last eighth by more than ``16 x scatter / span`` (with ``96`` or more: a
+trend that began near the window's left end), the bound grows by ``largest gap + that
+difference x span``. A steady delay trend slower than the plausible drift and older than the
+window stays unseen.
+
 Steps: a point more than ``step_threshold`` *above* the line cannot be explained by delay,
 so the offset jumped up: restart the window at that point. ``step_confirm`` consecutive
 points more than the threshold *below* the line mean it jumped down: restart with them
 (until confirmed, such a point's error bound is widened to its distance below the line, so
-a backward step is never reported with a tight bound). The
+a backward step is never reported with a tight bound). A confirmed step down looks the same
+as delays that grew by as much: the bound keeps the step's size until
+``min_converged_points`` points followed it, and for as long as the slope fitted since
+differs from the one before it by more than the scatter explains (a clock that stepped keeps
+its drift; delays that go on growing do not), by that difference x span as well. The
 threshold is ``max(step_threshold_ns, 10 x median distance below the line)`` so heavy jitter
 does not fake steps. Steps are looked for once the window has ``min_fit_points`` points (before
 that, a point above the line is as likely the first low-delay point as a step).
@@ -71,6 +94,10 @@ class ClockSettings:
     assumed_min_delay_ns: int = 1_100_000
     delay_uncertainty_ns: int = 900_000
     max_drift_ppm: float = 500.0
+    # The largest drift a source's oscillator is taken to have. A fitted slope beyond it is
+    # read as a trend in the delays, not as drift; the error bound then widens (see the
+    # module's docstring).
+    plausible_drift_ppm: float = 200.0
     step_threshold_ns: int = 10_000_000
     step_confirm: int = 3
     # Until min_fit_points points exist (at start and after a step) nothing bounds the delay
@@ -112,6 +139,13 @@ class ClockEstimator:
     points: deque[tuple[int, int]] = field(default_factory=deque)
     candidates: list[tuple[int, int]] = field(default_factory=list)
     since_step: int = 0
+    # how far the last confirmed step went down (0 after a step up), and the drift fitted
+    # before it: it may as well have been a delay episode (see the module's docstring)
+    back_step_ns: int = 0
+    back_step_drift: float = 0.0
+    # the points' median distance below the hull, and ``since_step`` when it was measured:
+    # measured anew every ``_SCATTER_EVERY`` points (it moves slowly; ~95 k instructions)
+    scatter: tuple[int, float] | None = None
     last: ClockEstimate = UNKNOWN
     _fit: tuple[float, float, int, float] | None = None  # a, b, xa, median gap
     # caches of ``points``, kept up to date as points come and go (None: rebuilt from the
@@ -151,6 +185,7 @@ class ClockEstimator:
                 if len(self.candidates) >= s.step_confirm:
                     step = True
                     self._restart(self.candidates[:-1])
+                    self.back_step_ns, self.back_step_drift = round(gap), b
                 else:
                     suspect = round(gap)
             else:
@@ -187,6 +222,8 @@ class ClockEstimator:
         self.points = deque(keep)
         self.candidates = []
         self.since_step = len(keep)
+        self.back_step_ns = 0
+        self.scatter = None
         self._fit = None
         self._hull = self._xsum = self._unordered = None
         self._pack.invalidate()
@@ -231,30 +268,26 @@ class ClockEstimator:
             self._xsum = sum(p[0] for p in self.points)
         return self._xsum / len(self.points)
 
-    def _line(self) -> tuple[float, float, int]:
-        """``(a, b, xa)``: the fitted ``y ≈ a + b·(x - xa)`` (upper envelope)."""
+    def _line(self) -> tuple[float, float, int, float]:
+        """``(a, b, xa, slope)``: the fitted ``y ≈ a + b·(x - xa)`` (upper envelope), and
+        the hull's slope at ``x̄`` before ``b`` was clamped to ``max_drift_ppm``."""
         pts = self.points
         s = self.settings
         xa = pts[0][0]
         if len(pts) < s.min_fit_points:
             top = max(pts, key=lambda p: p[1])
-            return float(top[1]), 0.0, top[0]
+            return float(top[1]), 0.0, top[0], 0.0
         hull = self._hull_now()
-        xbar = self._xbar()
-        b = 0.0
-        for p, q in itertools.pairwise(hull):
-            if p[0] <= xbar <= q[0] and q[0] > p[0]:
-                b = (q[1] - p[1]) / (q[0] - p[0])
-                break
+        b = slope = _slope_at(hull, self._xbar()) or 0.0
         bmax = s.max_drift_ppm * 1e-6
         b = min(max(b, -bmax), bmax)
         # the line of slope b touching the hull from above
         a = max(p[1] - b * (p[0] - xa) for p in hull)
-        return a, b, xa
+        return a, b, xa, slope
 
     def _estimate(self, x: int, step: bool, clock: ClockBlock | None) -> ClockEstimate:
         s = self.settings
-        a, b, xa = self._line()
+        a, b, xa, slope = self._line()
         pts = self.points
         xy = None
         if len(pts) >= 48:  # numpy pays off (fewer points: Python is cheaper)
@@ -264,9 +297,19 @@ class ClockEstimator:
         eighth, median, top = _gap_stats(pts, a, b, xa, xy)
         self._fit = (a, b, xa, median)
         error = s.delay_uncertainty_ns + 1.5 * eighth
+        span_ns = pts[-1][0] - pts[0][0]
+        span = max(span_ns, 1)
         if len(pts) < s.min_fit_points:
-            error += s.max_drift_ppm * 1e-6 * (pts[-1][0] - pts[0][0]) + top
+            error += s.max_drift_ppm * 1e-6 * span_ns + top
             error += s.initial_error_ns
+        elif abs(slope) - 2 * median / span > s.plausible_drift_ppm * 1e-6:
+            # The envelope's slope is no oscillator's, by more than the points' scatter
+            # explains (two points half the span apart, each off by a median gap): the
+            # delays' lower envelope moved. Only "some point of the window had a nominal
+            # delay" is left: from any point i, |error| <= gap_i + |b - drift| x |x - x_i|.
+            error += top + (abs(b) + s.plausible_drift_ppm * 1e-6) * span
+        else:
+            error += self._bend(pts, xy, span_ns, top)
         offset = round(a + b * (x - xa)) + s.assumed_min_delay_ns
         disagreement = None
         if clock is not None and clock.offset_ns is not None:
@@ -274,6 +317,14 @@ class ClockEstimator:
             if abs(diff) > error + (clock.error_bound_ns or 0):
                 disagreement = diff
                 error = max(error, abs(diff) + (clock.error_bound_ns or 0))
+        if self.back_step_ns and len(pts) >= s.min_fit_points:
+            # a clock that stepped keeps its drift; delays that kept growing do not
+            bend = abs(b - self.back_step_drift)
+            bend = bend if bend * span > 2 * median else 0.0  # more than scatter
+            if bend or self.since_step < s.min_converged_points:
+                error += self.back_step_ns + bend * span
+        elif self.back_step_ns:
+            error += self.back_step_ns
         return ClockEstimate(
             offset_ns=offset,
             anchor_ns=x,
@@ -285,6 +336,31 @@ class ClockEstimator:
             disagreement_ns=disagreement,
         )
 
+    def _bend(self, pts: deque[tuple[int, int]], xy: Any, span_ns: int, top: float) -> float:
+        """What a bent hull adds to the error bound: ``largest gap + bend x span`` when the
+        hull's slope at a fraction ``1/div`` of the span exceeds its slope at ``1 - 1/div``
+        by more than ``k x scatter / span`` (see :data:`_BENDS`), else 0."""
+        hull = self._hull_now()
+        scatter = None
+        for min_points, div, k in _BENDS:
+            if len(pts) < min_points:
+                break
+            left = _slope_at(hull, pts[0][0] + span_ns // div)
+            right = _slope_at(hull, pts[0][0] + (div - 1) * span_ns // div)
+            if left is None or right is None or left == right:
+                continue
+            if scatter is None:
+                scatter = self._scatter(hull, pts, xy)
+            if (left - right) * span_ns > k * scatter:
+                return top + (left - right) * span_ns
+        return 0.0
+
+    def _scatter(self, hull: list[tuple[int, int]], pts: deque[tuple[int, int]], xy: Any) -> float:
+        kept = self.scatter
+        if kept is None or not 0 <= self.since_step - kept[0] < _SCATTER_EVERY:
+            kept = self.scatter = (self.since_step, _hull_scatter(hull, pts, xy))
+        return kept[1]
+
     def to_dict(self) -> dict[str, Any]:
         return self._doc([list(p) for p in self.points])
 
@@ -293,6 +369,9 @@ class ClockEstimator:
             "points": points,
             "candidates": [list(p) for p in self.candidates],
             "since_step": self.since_step,
+            "back_step_ns": self.back_step_ns,
+            "back_step_drift": self.back_step_drift,
+            "scatter": list(self.scatter) if self.scatter is not None else None,
         }
 
     def to_parts(self) -> tuple[dict[str, Any], bytes | None]:
@@ -326,6 +405,10 @@ class ClockEstimator:
             est.points = deque((int(x), int(y)) for x, y in doc["points"])
         est.candidates = [(int(x), int(y)) for x, y in doc["candidates"]]
         est.since_step = int(doc["since_step"])
+        est.back_step_ns = int(doc.get("back_step_ns", 0))
+        est.back_step_drift = float(doc.get("back_step_drift", 0.0))
+        if doc.get("scatter") is not None:
+            est.scatter = (int(doc["scatter"][0]), float(doc["scatter"][1]))
         if est.points:
             x = est.points[-1][0]
             est.last = est._estimate(x, False, None)
@@ -350,6 +433,33 @@ def _gap_stats(
     g = a + b * (xy[:, 0] - xa) - xy[:, 1]
     part = np.partition(g, [n // 8, n // 2])
     return float(part[n // 8]), float(part[n // 2]), float(g.max())
+
+
+def _hull_scatter(hull: list[tuple[int, int]], pts: deque[tuple[int, int]], xy: Any) -> float:
+    """The median distance of the points below their hull (not below one line: a bent
+    envelope does not inflate it). ``xy``: the points as an (n, 2) int64 array, or None."""
+    n = len(pts)
+    if xy is None:
+        xy = np.fromiter(itertools.chain.from_iterable(pts), np.float64, 2 * n).reshape(n, 2)
+    h = np.array(hull, dtype=np.float64)
+    x0 = h[0, 0]  # relative x: float64 keeps ns resolution over the span, not since 1970
+    g = np.interp(xy[:, 0] - x0, h[:, 0] - x0, h[:, 1]) - xy[:, 1]
+    return float(np.partition(g, n // 2)[n // 2])
+
+
+# (fewest points, div, k) of the bend checks (see the module's docstring): ``k`` set so
+# that sources of steady drift and Exp(1-5 ms) delays keep their bounds (the p99 over 60 of
+# them, 300 batches each, unchanged)
+_BENDS = ((32, 4, 8.0), (96, 8, 16.0))
+_SCATTER_EVERY = 8
+
+
+def _slope_at(hull: list[tuple[int, int]], x: float) -> float | None:
+    """The slope of the hull's first edge spanning ``x`` (None when none does)."""
+    for p, q in itertools.pairwise(hull):
+        if p[0] <= x <= q[0] and q[0] > p[0]:
+            return (q[1] - p[1]) / (q[0] - p[0])
+    return None
 
 
 def _upper_hull(pts: deque[tuple[int, int]]) -> list[tuple[int, int]]:
