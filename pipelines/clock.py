@@ -341,12 +341,13 @@ class ClockEstimator:
         hull's slope at a fraction ``1/div`` of the span exceeds its slope at ``1 - 1/div``
         by more than ``k x scatter / span`` (see :data:`_BENDS`), else 0."""
         hull = self._hull_now()
+        checks = [c for c in _BENDS if len(pts) >= c[0]]
+        at = sorted(pts[0][0] + m * span_ns // div for _, div, _ in checks for m in (1, div - 1))
+        slope = dict(zip(at, _slopes_at(hull, at), strict=True))
         scatter = None
-        for min_points, div, k in _BENDS:
-            if len(pts) < min_points:
-                break
-            left = _slope_at(hull, pts[0][0] + span_ns // div)
-            right = _slope_at(hull, pts[0][0] + (div - 1) * span_ns // div)
+        for _, div, k in checks:
+            left = slope[pts[0][0] + span_ns // div]
+            right = slope[pts[0][0] + (div - 1) * span_ns // div]
             if left is None or right is None or left == right:
                 continue
             if scatter is None:
@@ -421,18 +422,20 @@ def _gap_stats(
     """The points' distances below the line ``a + b·(x - xa)``: (the ``n//8``-th smallest,
     the ``n//2``-th, the largest). In numpy, with the very floats Python computes
     ``a + b * (x - xa) - y`` to (int64 → float64 rounds as ``int * float`` does); in Python
-    for a few points (cheaper there) and for coordinates past int64. ``xy``: the points as
-    an (n, 2) int64 array, when the caller keeps them so."""
+    for a few points (cheaper there) and for coordinates past int64. The points are sorted
+    by x; ``xy``: they as an (n, 2) int64 array, when the caller keeps them so."""
     n = len(pts)
-    if xy is None and n >= 48:
+    if n < 48 or pts[-1][0] - pts[0][0] >= 1 << 62:
+        xy = None
+    elif xy is None:
         with contextlib.suppress(OverflowError):
             xy = np.fromiter(itertools.chain.from_iterable(pts), np.int64, 2 * n).reshape(n, 2)
-    if xy is None or int(xy[:, 0].max()) - int(xy[:, 0].min()) >= 1 << 62:
+    if xy is None:
         gaps = sorted(a + b * (p[0] - xa) - p[1] for p in pts)
         return gaps[n // 8], gaps[n // 2], gaps[-1]
     g = a + b * (xy[:, 0] - xa) - xy[:, 1]
-    part = np.partition(g, [n // 8, n // 2])
-    return float(part[n // 8]), float(part[n // 2]), float(g.max())
+    part = np.partition(g, [n // 8, n // 2, n - 1])
+    return float(part[n // 8]), float(part[n // 2]), float(part[n - 1])
 
 
 def _hull_scatter(hull: list[tuple[int, int]], pts: deque[tuple[int, int]], xy: Any) -> float:
@@ -456,10 +459,24 @@ _SCATTER_EVERY = 8
 
 def _slope_at(hull: list[tuple[int, int]], x: float) -> float | None:
     """The slope of the hull's first edge spanning ``x`` (None when none does)."""
-    for p, q in itertools.pairwise(hull):
-        if p[0] <= x <= q[0] and q[0] > p[0]:
-            return (q[1] - p[1]) / (q[0] - p[0])
-    return None
+    return _slopes_at(hull, [x])[0]
+
+
+def _slopes_at(hull: list[tuple[int, int]], xs: list[Any]) -> list[float | None]:
+    """:func:`_slope_at` of each of ``xs`` (in increasing order), in one walk: an edge that
+    ends left of ``x`` (or is vertical) spans no later ``x`` either."""
+    out: list[float | None] = []
+    edges = itertools.pairwise(hull)
+    edge = next(edges, None)
+    for x in xs:
+        while edge is not None and (edge[1][0] < x or edge[1][0] == edge[0][0]):
+            edge = next(edges, None)
+        if edge is None or edge[0][0] > x:
+            out.append(None)
+        else:
+            (px, py), (qx, qy) = edge
+            out.append((qy - py) / (qx - px))
+    return out
 
 
 def _upper_hull(pts: deque[tuple[int, int]]) -> list[tuple[int, int]]:

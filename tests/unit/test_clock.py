@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 from typing import Any
 
@@ -9,7 +10,7 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipelines.clock import ClockEstimate, ClockEstimator, ClockSettings, align
+from pipelines.clock import ClockEstimate, ClockEstimator, ClockSettings, _slopes_at, align
 from schemas.wire import ClockBlock, SyncState
 
 T0 = 1_700_000_000_000_000_000
@@ -208,6 +209,14 @@ def test_property_the_kept_hull_and_x_sum_are_those_of_the_points(
         x += dx
         est.observe(x, x - y)
         assert est._hull_now() == _upper_hull(est.points)
+        hull = est._hull_now()
+        xs = sorted({p[0] + d for p in est.points for d in (-1, 0, 1)})
+        spans = [
+            next(((q[1] - p[1]) / (q[0] - p[0]) for p, q in itertools.pairwise(hull)
+                  if p[0] <= x <= q[0] and q[0] > p[0]), None)
+            for x in xs
+        ]  # fmt: skip
+        assert _slopes_at(hull, xs) == spans
         assert est._xbar() == sum(p[0] for p in est.points) / len(est.points)
 
 
