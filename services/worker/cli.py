@@ -42,6 +42,13 @@ def add_parser(sub: Any) -> None:
         help="± range of that assumption; part of every error bound (default 0.9)",
     )
     p.add_argument(
+        "--clock-plausible-drift-ppm",
+        type=_drift_ppm,
+        default=200.0,
+        help="the largest drift a source's oscillator may have (default 200 ppm): a steeper "
+        "fitted slope is read as growing delays and widens the error bounds",
+    )
+    p.add_argument(
         "--replication-factor",
         type=int,
         help="replication of the worker's own topics (table changelogs); "
@@ -67,6 +74,16 @@ def _within_ms(text: str) -> float:
     if not 1.0 <= ms <= 10_000.0:
         raise argparse.ArgumentTypeError(f"{text} ms: expected 1 to 10000")
     return ms
+
+
+def _drift_ppm(text: str) -> float:
+    try:
+        ppm = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of ppm") from None
+    if not 1.0 <= ppm <= 10_000.0:
+        raise argparse.ArgumentTypeError(f"{text} ppm: expected 1 to 10000")
+    return ppm
 
 
 def _partitions(conf: dict[str, Any], topic: str, default: int) -> int:
@@ -155,6 +172,7 @@ def run(args: argparse.Namespace, settings: RefinerySettings) -> int:
             clock=ClockSettings(
                 assumed_min_delay_ns=int(args.clock_min_delay_ms * 1e6),
                 delay_uncertainty_ns=int(args.clock_delay_uncertainty_ms * 1e6),
+                plausible_drift_ppm=args.clock_plausible_drift_ppm,
             ),
         ),
     )

@@ -1,5 +1,6 @@
 """``refinery worker`` arguments: ``--take-within-ms`` reaches the worker's configuration
-in seconds, and a bad value is one line naming the argument, exit 2, before anything runs."""
+in seconds, ``--clock-plausible-drift-ppm`` in ppm, and a bad value is one line naming the
+argument, exit 2, before anything runs."""
 
 from __future__ import annotations
 
@@ -23,3 +24,22 @@ def test_a_bad_take_within_is_one_line_and_exit_2(
     assert ei.value.code == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--take-within-ms" in err and says in err, err
+
+
+def test_plausible_drift_is_read_in_ppm() -> None:
+    args = build_parser().parse_args(["worker", "--clock-plausible-drift-ppm", "50"])
+    assert args.clock_plausible_drift_ppm == 50.0
+    assert build_parser().parse_args(["worker"]).clock_plausible_drift_ppm == 200.0
+
+
+@pytest.mark.parametrize(
+    ("value", "says"), [("0", "expected 1 to 10000"), ("fast", "'fast' is not")]
+)
+def test_a_bad_plausible_drift_is_one_line_and_exit_2(
+    value: str, says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as ei:
+        main(["worker", "--clock-plausible-drift-ppm", value])
+    assert ei.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--clock-plausible-drift-ppm" in err and says in err, err
