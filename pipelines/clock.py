@@ -442,11 +442,13 @@ def _hull_scatter(hull: list[tuple[int, int]], pts: deque[tuple[int, int]], xy: 
     """The median distance of the points below their hull (not below one line: a bent
     envelope does not inflate it). ``xy``: the points as an (n, 2) int64 array, or None."""
     n = len(pts)
-    if xy is None:
+    if xy is None:  # few points, or past int64: floats (256 ns apart at today's epoch ns)
         xy = np.fromiter(itertools.chain.from_iterable(pts), np.float64, 2 * n).reshape(n, 2)
-    h = np.array(hull, dtype=np.float64)
-    x0 = h[0, 0]  # relative x: float64 keeps ns resolution over the span, not since 1970
-    g = np.interp(xy[:, 0] - x0, h[:, 0] - x0, h[:, 1]) - xy[:, 1]
+    x0 = hull[0][0]
+    # x relative to the hull's start, subtracted before any float: exact to the ns
+    hx = np.array([p[0] - x0 for p in hull], dtype=np.float64)
+    hy = np.array([p[1] for p in hull], dtype=np.float64)
+    g = np.interp(xy[:, 0] - x0, hx, hy) - xy[:, 1]
     return float(np.partition(g, n // 2)[n // 2])
 
 

@@ -40,7 +40,12 @@ FIGURES = {
         "refine_bytes_per_series",
         "refine_rss_gib_projected_1m_series",
     ],
-    "clock": ["clock_p99_abs_error_ms", "clock_flag_batches_max"],
+    "clock": [
+        "clock_p99_abs_error_ms",
+        "clock_within_bound_share",
+        "clock_growing_delays_within_bound_share",
+        "clock_flag_batches_max",
+    ],
     "freshness": [
         "refined_p99_s",
         "refined_newest_p99_s",
