@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -66,24 +67,23 @@ def add_parser(sub: Any) -> None:
     p.set_defaults(handler=run)
 
 
-def _within_ms(text: str) -> float:
-    try:
-        ms = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of milliseconds") from None
-    if not 1.0 <= ms <= 10_000.0:
-        raise argparse.ArgumentTypeError(f"{text} ms: expected 1 to 10000")
-    return ms
+def _number(unit: str, short: str, lo: float, hi: float) -> Callable[[str], float]:
+    """An argparse type: a number of ``unit`` from ``lo`` to ``hi``, else one line saying so."""
+
+    def parse(text: str) -> float:
+        try:
+            x = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number of {unit}") from None
+        if not lo <= x <= hi:
+            raise argparse.ArgumentTypeError(f"{text} {short}: expected {lo:g} to {hi:g}")
+        return x
+
+    return parse
 
 
-def _drift_ppm(text: str) -> float:
-    try:
-        ppm = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of ppm") from None
-    if not 1.0 <= ppm <= 10_000.0:
-        raise argparse.ArgumentTypeError(f"{text} ppm: expected 1 to 10000")
-    return ppm
+_within_ms = _number("milliseconds", "ms", 1.0, 10_000.0)
+_drift_ppm = _number("ppm", "ppm", 1.0, 10_000.0)
 
 
 def _partitions(conf: dict[str, Any], topic: str, default: int) -> int:
