@@ -119,6 +119,10 @@ class ClockEstimate:
     converged: bool
     step: bool = False  # a clock step was detected by the last observation
     disagreement_ns: int | None = None  # source's own report - ours, when beyond the bounds
+    # why error_ns is wider than the delay model alone says (the first that applied):
+    # "delay_trend" (a slope no oscillator has), "bend" (a trend that began in the window),
+    # "step_down" (a step down that may be a delay episode); None: not widened so
+    widened: str | None = None
 
     def offset_at(self, t_source_ns: int) -> int:
         return self.offset_ns + round(self.drift_ppm * 1e-6 * (t_source_ns - self.anchor_ns))
@@ -299,6 +303,7 @@ class ClockEstimator:
         error = s.delay_uncertainty_ns + 1.5 * eighth
         span_ns = pts[-1][0] - pts[0][0]
         span = max(span_ns, 1)
+        widened = None
         if len(pts) < s.min_fit_points:
             error += s.max_drift_ppm * 1e-6 * span_ns + top
             error += s.initial_error_ns
@@ -308,8 +313,12 @@ class ClockEstimator:
             # delays' lower envelope moved. Only "some point of the window had a nominal
             # delay" is left: from any point i, |error| <= gap_i + |b - drift| x |x - x_i|.
             error += top + (abs(b) + s.plausible_drift_ppm * 1e-6) * span
+            widened = "delay_trend"
         else:
-            error += self._bend(pts, xy, span_ns, top)
+            bend = self._bend(pts, xy, span_ns, top)
+            if bend:
+                error += bend
+                widened = "bend"
         offset = round(a + b * (x - xa)) + s.assumed_min_delay_ns
         disagreement = None
         if clock is not None and clock.offset_ns is not None:
@@ -323,8 +332,10 @@ class ClockEstimator:
             bend = bend if bend * span > 2 * median else 0.0  # more than scatter
             if bend or self.since_step < s.min_converged_points:
                 error += self.back_step_ns + bend * span
+                widened = widened or "step_down"
         elif self.back_step_ns:
             error += self.back_step_ns
+            widened = widened or "step_down"
         return ClockEstimate(
             offset_ns=offset,
             anchor_ns=x,
@@ -334,6 +345,7 @@ class ClockEstimator:
             converged=self.since_step >= s.min_converged_points,
             step=step,
             disagreement_ns=disagreement,
+            widened=widened,
         )
 
     def _bend(self, pts: deque[tuple[int, int]], xy: Any, span_ns: int, top: float) -> float:

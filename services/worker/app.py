@@ -589,13 +589,15 @@ class GroupTally:
     """A group's telemetry, summed before it is reported: one counter call per name and
     attribute set per group instead of five or more per record (each call into the
     OpenTelemetry SDK costs microseconds of the refining thread). Histograms still get every
-    record's value; the clock gauge the last offset of each stream."""
+    record's value; the clock gauges the last offset and error bound of each stream, and
+    ``refinery.clock.widened`` counts the records whose bound was widened, by why."""
 
     def __init__(self) -> None:
         self.counts: dict[tuple[str, tuple[tuple[str, str], ...]], int] = {}
         self.batch_samples: list[int] = []
         self.freshness_s: list[float] = []
         self.offsets: dict[str, int] = {}
+        self.errors: dict[str, int] = {}
 
     def add(self, out: Outcome, rec: RawRecord) -> None:
         c = self.counts
@@ -613,6 +615,11 @@ class GroupTally:
             self.freshness_s.append(out.freshness_ns / 1e9)
         if out.stream is not None and out.clock_offset_ns is not None:
             self.offsets[out.stream] = out.clock_offset_ns
+        if out.stream is not None and out.clock is not None:
+            self.errors[out.stream] = out.clock.error_ns
+            if out.clock.widened is not None:
+                key = ("refinery.clock.widened", (("why", out.clock.widened),))
+                c[key] = c.get(key, 0) + 1
 
     def report(self, t: ServiceTelemetry) -> None:
         for (name, attrs), n in self.counts.items():
@@ -623,6 +630,8 @@ class GroupTally:
             t.record("refinery.freshness", f, unit="s")
         for stream, off in self.offsets.items():
             t.gauge("refinery.clock.offset_ns", off, {"source": stream})
+        for stream, err in self.errors.items():
+            t.gauge("refinery.clock.error_ns", err, {"source": stream})
 
 
 def _credentials(kafka: KafkaSettings) -> Any:

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 
 from pipelines.aligned import align_records
-from pipelines.clock import ClockEstimator
+from pipelines.clock import ClockEstimate, ClockEstimator
 from pipelines.counters import CounterState
 from pipelines.dedupe import SeqWindow
 from pipelines.enrich import TopologyIndex
@@ -95,6 +95,7 @@ class Outcome:
     stream: str | None
     clock_offset_ns: int | None
     freshness_ns: int | None  # broker append time - newest aligned ts
+    clock: ClockEstimate | None = None  # the estimate the record's rows were aligned with
 
 
 class Refiner:
@@ -286,6 +287,7 @@ class Refiner:
             src.stream_key(),
             r.clock.offset_ns if r.clock else None,
             fresh,
+            r.clock,
         )
 
     def _refined_message(self, run: list[tuple[int, RawRecord, Batch, RefineResult]]) -> OutMessage:
@@ -329,7 +331,7 @@ class Refiner:
         key = rec.key or src.node.encode()
         msgs = [OutMessage(topic, key, ipc_stream(table), [("content-type", ARROW.encode())])]
         msgs.append(self._accounting(rec, "refined", n, n, 0, 0, src.node))
-        return Outcome(msgs, "refined", n, n, 0, 0, {}, stream, est.offset_ns, None)
+        return Outcome(msgs, "refined", n, n, 0, 0, {}, stream, est.offset_ns, None, est)
 
     # -- outputs ----------------------------------------------------------------------------
 

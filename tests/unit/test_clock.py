@@ -346,3 +346,22 @@ def test_the_widening_state_round_trips() -> None:
         assert back.observe(sent, arrival) == est.observe(sent, arrival)
         assert back.scatter == est.scatter
     assert back.to_dict() == est.to_dict()
+
+
+def test_the_estimate_says_why_its_bound_was_widened() -> None:
+    def reasons(src: Source, n: int, start: int) -> set[str | None]:
+        est, seen = ClockEstimator(), set()
+        for i in range(n):
+            e = est.observe(*src.next_pair()[:2])
+            if i >= start:
+                seen.add(e.widened)
+        return seen
+
+    # steady: never, once converged
+    assert reasons(Source(3, 5 * MS, 20, MS, 2 * MS), 300, 120) == {None}
+    steep = LoadedSource(4, 5 * MS, 20, MS, 2 * MS, onset=60, rate=800e-6)
+    assert "delay_trend" in reasons(steep, 200, 100)
+    slow = LoadedSource(5, 5 * MS, 50, MS, 2 * MS, onset=80, rate=150e-6)
+    assert "bend" in reasons(slow, 230, 130)
+    jump = LoadedSource(11, 5 * MS, 80, MS, 2 * MS, onset=150, rate=300e-6, jump=30 * MS)
+    assert "step_down" in reasons(jump, 260, 150)
