@@ -37,54 +37,16 @@ def _out(
 
 def test_a_group_is_reported_as_its_records_sum() -> None:
     group = [
-        (
-            _out(
-                "refined",
-                600,
-                590,
-                4,
-                6,
-                stream="n1|gpu|0",
-                offset=5,
-                fresh=800_000_000,
-                error=40_000_000,
-                widened="delay_trend",
-            ),
-            _rec(0),
-        ),
-        (
-            _out(
-                "refined",
-                400,
-                400,
-                0,
-                0,
-                stream="n1|gpu|0",
-                offset=7,
-                fresh=200_000_000,
-                error=45_000_000,
-                widened="delay_trend",
-            ),
-            _rec(1),
-        ),
-        (
-            _out(
-                "refined",
-                10,
-                10,
-                0,
-                0,
-                stream="n3|host|0",
-                offset=1,
-                error=31_000_000,
-                widened="step_down",
-            ),
-            _rec(5),
-        ),
+        (_out("refined", 600, 590, 4, 6, stream="n1|gpu|0", offset=5, fresh=800_000_000,
+              error=40_000_000, widened="delay_trend"), _rec(0)),
+        (_out("refined", 400, 400, 0, 0, stream="n1|gpu|0", offset=7, fresh=200_000_000,
+              error=45_000_000, widened="delay_trend"), _rec(1)),
+        (_out("refined", 10, 10, 0, 0, stream="n3|host|0", offset=1, error=31_000_000,
+              widened="step_down"), _rec(5)),
         (_out("duplicate", 50, 0, 50, 0, stream="n2|nic|0", offset=-3), _rec(2)),
         (_out("deadletter", 0, 0, 0, 0, reasons={"undecodable": 1}), _rec(3)),
         (_out("deadletter", 0, 0, 0, 0, reasons={"bad_envelope": 1}), _rec(4, "telemetry.events")),
-    ]
+    ]  # fmt: skip
     t = ServiceTelemetry("test")
     tally = GroupTally()
     for out, rec in group:
