@@ -328,10 +328,10 @@ class ClockEstimator:
                 error = max(error, abs(diff) + (clock.error_bound_ns or 0))
         if self.back_step_ns and len(pts) >= s.min_fit_points:
             # a clock that stepped keeps its drift; delays that kept growing do not
-            bend = abs(b - self.back_step_drift)
-            bend = bend if bend * span > 2 * median else 0.0  # more than scatter
-            if bend or self.since_step < s.min_converged_points:
-                error += self.back_step_ns + bend * span
+            turn = abs(b - self.back_step_drift)
+            turn = turn if turn * span > 2 * median else 0.0  # more than scatter
+            if turn or self.since_step < s.min_converged_points:
+                error += self.back_step_ns + turn * span
                 widened = widened or "step_down"
         elif self.back_step_ns:
             error += self.back_step_ns
