@@ -160,11 +160,14 @@ class Refiner:
         if src.node not in self._loaded_nodes:
             blob = self._load_node(src.node)
             if blob is not None:
-                self.state.overlaps[src.node] = decode_overlap(blob)
+                self.state.overlaps[src.node] = decode_overlap(blob, self._load_node)
             self._loaded_nodes.add(src.node)
 
     def dirty_blobs(self) -> tuple[dict[str, bytes], dict[str, bytes]]:
-        """(stream key → blob, node → blob) changed since the last call."""
+        """(stream key → blob, node table key → blob) changed since the last call. A node's
+        entries are its blob and, before it, the series lists it names that are new
+        (:func:`~services.worker.state.encode_overlap`; :func:`~services.worker.state.node_of_key`
+        gives the node of either key)."""
         streams = {}
         for stream in self._dirty_streams:
             key = self._loaded_streams[stream]
@@ -177,11 +180,10 @@ class Refiner:
                 clock_flagged=self._flagged.get(stream, False),
                 clock_onset=self._onsets.get(stream),
             ).encode()
-        nodes = {
-            n: encode_overlap(self.state.overlaps[n])
-            for n in self._dirty_nodes
-            if n in self.state.overlaps
-        }
+        nodes: dict[str, bytes] = {}
+        for n in self._dirty_nodes:
+            if n in self.state.overlaps:
+                nodes.update(encode_overlap(n, self.state.overlaps[n]))
         self._dirty_streams.clear()
         self._dirty_nodes.clear()
         return streams, nodes
