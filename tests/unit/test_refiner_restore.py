@@ -1,22 +1,18 @@
 """The refiner restarted from its checkpoints goes on exactly as one that never stopped: on
-simulator traffic with every fault on (duplicates, overlapping sources, resets, clock steps,
-malformed rows), a refiner rebuilt from the stream and node tables after every few groups
-publishes the same messages, record for record, and each node's overlap state is written with
-its series lists stored once."""
+simulator traffic with every fault on (duplicates, resets, clock steps, malformed rows) and a
+second exporter per node copying another's readings (overlapping sources), a refiner rebuilt
+from the stream and node tables after every third group publishes the same messages, record
+for record, and each node's overlap state is written with its series lists stored once."""
 
 from __future__ import annotations
 
 from pipelines.enrich import TopologyIndex
-from schemas.catalog import default_catalog
 from schemas.codec import encode
 from schemas.wire import PayloadKind
 from services.simulate.cluster import Cluster
 from services.simulate.engine import Simulation, Stream
-from services.worker.refiner import OutputTopics, RawRecord, Refiner
-
-S = 1_000_000_000
-T0 = 1_700_000_000 * S
-CAT = default_catalog()
+from services.worker.refiner import Outcome, OutputTopics, RawRecord, Refiner
+from tests.unit.test_refine_group import CAT, T0, S
 
 
 def _records(seed: int) -> tuple[list[RawRecord], TopologyIndex]:
@@ -46,7 +42,7 @@ def _records(seed: int) -> tuple[list[RawRecord], TopologyIndex]:
     return recs, TopologyIndex(sim.cluster.topology(), sim.cluster.jobs(T0))
 
 
-def _published(outs: list) -> list[tuple[str, bytes, bytes]]:  # type: ignore[type-arg]
+def _published(outs: list[Outcome]) -> list[tuple[str, bytes, bytes]]:
     return [(m.topic, m.key, bytes(m.value)) for o in outs for m in o.messages]
 
 
