@@ -150,10 +150,6 @@ class OverlapState:
     # metric share no point, which is the common case (a node's exporters measure different
     # things), and a batch is then kept whole without building or hashing point keys
     metrics: dict[str, frozenset[str]] = field(default_factory=dict, compare=False, repr=False)
-    # the name under which each source's series (its table's metric and device columns) were
-    # last stored (a cache, not state: see services.worker.state.encode_overlap); kept while a
-    # source sends the same series, so a checkpoint writes only its timestamps
-    series: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if isinstance(self.sources, pa.Table):
@@ -244,19 +240,16 @@ def drop_overlaps(
     sources = dict(state.sources)
     keys = {k: v for k, v in state.keys.items() if k != source}
     metrics = {k: v for k, v in state.metrics.items() if k != source}
-    series = {k: v for k, v in state.series.items() if k != source}
     if old is None or (not dup_count and same_series):
         sources[source] = mine  # same series as last time: a plain replacement
         if points is not None:
             keys[source] = points
         metrics[source] = mine_metrics
-        if same_series and source in state.series:
-            series[source] = state.series[source]
     else:
         sources[source] = _merge_series(old, mine)
     if keep is None:
         keep = all_true(n)
-    return OverlapResult(keep, dup_count), OverlapState(sources, keys, metrics, series)
+    return OverlapResult(keep, dup_count), OverlapState(sources, keys, metrics)
 
 
 def _metrics_of(state: OverlapState, source: str) -> frozenset[str]:

@@ -49,7 +49,6 @@ from services.telemetry import ServiceTelemetry
 from services.worker.feed import TopologyFeed
 from services.worker.outputs import Delivery, OutputProducer
 from services.worker.refiner import Outcome, OutMessage, OutputTopics, RawRecord, Refiner
-from services.worker.state import node_of_key
 from services.worker.watch import CommitWatch, fetch_range
 
 log = logging.getLogger(__name__)
@@ -351,8 +350,8 @@ def build_app(
             streams, nodes = proc.dirty_blobs()
             changelog = [_put(stream_table, last_for[k], k, b) for k, b in streams.items()]
             if node_table is not None:
-                changelog += [_put(node_table, last_for["node:" + node_of_key(k)], k, b)
-                              for k, b in nodes.items()]  # fmt: skip
+                changelog += [_put(node_table, last_for["node:" + n], n, b)
+                              for n, b in nodes.items()]  # fmt: skip
         progress.groups += 1
         progress.records += len(events)
         progress.last_group_done = time.monotonic()

@@ -160,14 +160,11 @@ class Refiner:
         if src.node not in self._loaded_nodes:
             blob = self._load_node(src.node)
             if blob is not None:
-                self.state.overlaps[src.node] = decode_overlap(blob, self._load_node)
+                self.state.overlaps[src.node] = decode_overlap(blob)
             self._loaded_nodes.add(src.node)
 
     def dirty_blobs(self) -> tuple[dict[str, bytes], dict[str, bytes]]:
-        """(stream key → blob, node table key → blob) changed since the last call. A node's
-        entries are its blob and, before it, the series lists it names that are new
-        (:func:`~services.worker.state.encode_overlap`; :func:`~services.worker.state.node_of_key`
-        gives the node of either key)."""
+        """(stream key → blob, node → blob) changed since the last call."""
         streams = {}
         for stream in self._dirty_streams:
             key = self._loaded_streams[stream]
@@ -180,10 +177,11 @@ class Refiner:
                 clock_flagged=self._flagged.get(stream, False),
                 clock_onset=self._onsets.get(stream),
             ).encode()
-        nodes: dict[str, bytes] = {}
-        for n in self._dirty_nodes:
-            if n in self.state.overlaps:
-                nodes.update(encode_overlap(n, self.state.overlaps[n]))
+        nodes = {
+            n: encode_overlap(self.state.overlaps[n])
+            for n in self._dirty_nodes
+            if n in self.state.overlaps
+        }
         self._dirty_streams.clear()
         self._dirty_nodes.clear()
         return streams, nodes

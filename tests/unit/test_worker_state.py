@@ -1,25 +1,17 @@
 """The worker's state blobs: a stream's state round-trips, its seq window packed, its clock
 window packed or (past int64) in JSON, and blobs written before the counter state kept source
 times or before the seq window or the clock points were packed still load; a node's overlap
-state round-trips per source, a source's series list stored once while it sends the same
-series, and blobs of the two earlier overlap layouts still load."""
+state round-trips per source, and one written with a src column per point loads."""
 
 from __future__ import annotations
 
 import pyarrow as pa
-import pytest
 
 from pipelines.clock import ClockEstimator
 from pipelines.counters import STATE_SCHEMA, CounterState
-from pipelines.dedupe import POINTS_SCHEMA, OverlapState, SeqWindow, drop_overlaps
+from pipelines.dedupe import POINTS_SCHEMA, OverlapState, SeqWindow
 from schemas.codec import ipc_stream_parts
-from services.worker.state import (
-    StreamState,
-    _frame,
-    decode_overlap,
-    encode_overlap,
-    node_of_key,
-)
+from services.worker.state import StreamState, _frame, decode_overlap, encode_overlap
 
 
 def _counters() -> CounterState:
@@ -133,70 +125,16 @@ def test_overlap_state_round_trips_per_source() -> None:
             "n1|idle|0|b": POINTS_SCHEMA.empty_table(),
         }
     )
-    table = encode_overlap("n1", st)
-    assert list(table)[-1] == "n1"  # the node's blob after the series lists it names
-    assert {node_of_key(k) for k in table} == {"n1"}
-    back = decode_overlap(table["n1"], table.get)
+    back = decode_overlap(encode_overlap(st))
     assert list(back.sources) == list(st.sources)
     for src, t in st.sources.items():
         assert back.sources[src].equals(t)
-
-
-def test_a_source_sending_the_same_series_stores_only_its_timestamps() -> None:
-    a = [("gpu.temp", f"gpu{i}", 10) for i in range(8)]
-    b = [("nic.rx", f"mlx5_{i}", 10) for i in range(4)]
-    st = OverlapState()
-    for src, rows in (("n1|dcgm|0|b", a), ("n1|nic|0|b", b)):
-        _, st = drop_overlaps(*_columns(rows), src, st)
-    table = encode_overlap("n1", st)
-    assert len(table) == 3  # two series lists and the blob
-    # the next batch of one source: the same series at a later time
-    later = [(m, d, 20) for m, d, _ in a]
-    _, st = drop_overlaps(*_columns(later), "n1|dcgm|0|b", st)
-    again = encode_overlap("n1", st)
-    assert list(again) == ["n1"]  # no series list written again
-    assert len(again["n1"]) < len(table["n1"]) + 100
-    table.update(again)
-    back = decode_overlap(table["n1"], table.get)
-    assert back.sources["n1|dcgm|0|b"].column("ts").to_pylist() == [20] * 8
-    assert back.sources["n1|nic|0|b"].equals(st.sources["n1|nic|0|b"])
-    # a source whose series change gets a new list; the restored state knows its lists
-    changed = [*later[:4], ("gpu.power", "gpu0", 30)]
-    _, back = drop_overlaps(*_columns(changed), "n1|dcgm|0|b", back)
-    third = encode_overlap("n1", back)
-    (new_key,) = [k for k in third if k != "n1"]
-    assert new_key not in table and node_of_key(new_key) == "n1"
-
-
-def test_an_overlap_blob_naming_a_series_list_not_stored_is_refused() -> None:
-    st = OverlapState({"a": _points(("m", "d", 1))})
-    table = encode_overlap("n1", st)
-    with pytest.raises(ValueError, match="not stored"):
-        decode_overlap(table["n1"], lambda _: None)
-
-
-def test_overlap_blob_with_each_source_as_an_arrow_table_still_loads() -> None:
-    st = OverlapState({"a": _points(("m", "d", 1)), "b": _points(("m", "d", 2), ("m", "e", 3))})
-    # the previous layout: each source's points as one Arrow IPC stream
-    old = _frame({"sources": ["a", "b"]}, [ipc_stream_parts(t) for t in st.sources.values()])
-    back = decode_overlap(old, lambda _: None)
-    assert back.sources["a"].equals(st.sources["a"])
-    assert back.sources["b"].equals(st.sources["b"])
 
 
 def test_overlap_blob_with_a_src_column_per_point_still_loads() -> None:
     st = OverlapState({"a": _points(("m", "d", 1)), "b": _points(("m", "d", 2), ("m", "e", 3))})
     # the earlier layout: one table, src on every row
     old = _frame({}, [ipc_stream_parts(st.table)])
-    back = decode_overlap(old, lambda _: None)
+    back = decode_overlap(old)
     assert sorted(back.sources) == ["a", "b"]
     assert back.sources["b"].equals(st.sources["b"])
-
-
-def _columns(rows: list[tuple[str, str, int]]) -> tuple[pa.Array, pa.Array, pa.Array]:
-    t = _points(*rows)
-    return (
-        t.column("metric").combine_chunks(),
-        t.column("device").combine_chunks(),
-        t.column("ts").combine_chunks(),
-    )
