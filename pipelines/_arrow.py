@@ -71,6 +71,23 @@ def take(values: Any, indices: Any) -> Any:
     return pc.take(values, indices, boundscheck=False)
 
 
+def repeat_strings(values: list[str], counts: Any) -> Array:
+    """A string array of ``values[j]`` repeated ``counts[j]`` times, built from its two
+    buffers (each string's bytes repeated, its offsets a cumulative sum): a take over the
+    distinct values costs a bounds check and an append per row, ~40 instructions a row."""
+    raw = [v.encode() for v in values]
+    lengths = np.fromiter(map(len, raw), dtype=np.int64, count=len(raw))
+    offsets = np.empty(int(np.sum(counts)) + 1, dtype=np.int64)
+    offsets[0] = 0
+    np.cumsum(np.repeat(lengths, counts), out=offsets[1:])
+    if offsets[-1] >= 1 << 31:
+        raise ValueError("repeated strings exceed 2 GiB")
+    data = b"".join([b * int(c) for b, c in zip(raw, counts, strict=True)])
+    return pa.StringArray.from_buffers(
+        len(offsets) - 1, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(data)
+    )
+
+
 _TRUE = pa.array(np.ones(1 << 16, dtype=bool))
 
 
