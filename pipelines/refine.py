@@ -103,22 +103,28 @@ class RefineResult:
         return self.wave_rows.slice(self.wave_start, self.refined_count)
 
     def header(self, raw_topic: str, batch: Batch, position: Position) -> RefinedHeader:
+        return RefinedHeader(**self.header_fields(raw_topic, batch, position))
+
+    def header_fields(self, raw_topic: str, batch: Batch, position: Position) -> dict[str, Any]:
+        """The fields of :meth:`header` as a plain dict, for a caller that only serializes
+        them (every value is already a checked int or a validated envelope string: building
+        and dumping the model per raw record took ~5 µs)."""
         src = batch.envelope.source
-        return RefinedHeader(
-            raw_topic=raw_topic,
-            raw_partition=position[0],
-            raw_offset=position[1],
-            node=src.node,
-            exporter=src.exporter,
-            instance=src.instance,
-            boot_id=src.boot_id,
-            seq=batch.envelope.seq,
-            input_samples=self.input,
-            refined_samples=self.refined_count,
-            duplicate_samples=self.duplicate,
-            quarantined_samples=self.quarantined,
-            outcome=self.outcome,
-        )
+        return {
+            "raw_topic": raw_topic,
+            "raw_partition": position[0],
+            "raw_offset": position[1],
+            "node": src.node,
+            "exporter": src.exporter,
+            "instance": src.instance,
+            "boot_id": src.boot_id,
+            "seq": batch.envelope.seq,
+            "input_samples": self.input,
+            "refined_samples": self.refined_count,
+            "duplicate_samples": self.duplicate,
+            "quarantined_samples": self.quarantined,
+            "outcome": self.outcome,
+        }
 
 
 @dataclass(frozen=True)

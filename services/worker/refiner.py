@@ -296,9 +296,7 @@ class Refiner:
         _, _, batch, first = run[0]
         assert first.wave_rows is not None  # a batch with refined rows has its wave's
         rows = first.wave_rows.slice(first.wave_start, sum(x[3].refined_count for x in run))
-        lineage = [
-            res.header(r.topic, b, (r.partition, r.offset)).model_dump() for _, r, b, res in run
-        ]
+        lineage = [res.header_fields(r.topic, b, (r.partition, r.offset)) for _, r, b, res in run]
         return OutMessage(
             self.topics.refined,
             batch.envelope.source.node.encode(),

@@ -55,6 +55,8 @@ def test_refined_rows_carry_schema_lineage_rates_and_enrichment() -> None:
     assert r2.outcome == "refined" and r2.refined_count == 2
     h = r2.header("telemetry.raw", batch([], 2), (3, 11))
     assert h.input_samples == 2 and h.outcome == "refined"
+    # what the worker serializes without building the model: the model's fields exactly
+    assert r2.header_fields("telemetry.raw", batch([], 2), (3, 11)) == h.model_dump()
 
 
 def test_transport_duplicate_and_replay() -> None:
