@@ -84,17 +84,18 @@ class _BySchema(Generic[_V]):
 _SCHEMA_MESSAGES: _BySchema[pa.Buffer] = _BySchema()
 
 
-def ipc_stream_parts(table: pa.Table) -> list[pa.Buffer | bytes]:
+def ipc_stream_parts(table: pa.Table | pa.RecordBatch) -> list[pa.Buffer | bytes]:
     """The messages of :func:`ipc_stream` (schema, record batches, end marker), each in a
     buffer of its own, for a caller that joins them with other bytes in one copy."""
     head = _SCHEMA_MESSAGES.get(table.schema)
     if head is None:
         head = table.schema.serialize()
         _SCHEMA_MESSAGES.put(table.schema, head)
-    return [head, *(b.serialize() for b in table.to_batches() if b.num_rows), _EOS]
+    batches = [table] if isinstance(table, pa.RecordBatch) else table.to_batches()
+    return [head, *(b.serialize() for b in batches if b.num_rows), _EOS]
 
 
-def ipc_stream(table: pa.Table) -> pa.Buffer:
+def ipc_stream(table: pa.Table | pa.RecordBatch) -> pa.Buffer:
     """``table`` as one Arrow IPC stream (schema, record batches, end marker) in one Arrow
     buffer: the bytes ``pa.ipc.new_stream`` writes, with the schema message serialized once
     per schema. A sliced table writes only its rows. Producers take the buffer as it is."""

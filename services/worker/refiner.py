@@ -215,10 +215,11 @@ class Refiner:
                 outs[i] = self._samples(r, b, res, now_ns)
                 if res.refined_count:
                     refined.append((i, r, b, res))
+            waves: dict[int, pa.RecordBatch] = {}
             for run in _runs(refined):
                 last = outs[max(i for i, _, _, _ in run)]
                 assert last is not None
-                last.messages.insert(0, self._refined_message(run))
+                last.messages.insert(0, self._refined_message(run, waves))
             pending.clear()
 
         for i, rec in enumerate(recs):
@@ -290,12 +291,22 @@ class Refiner:
             r.clock,
         )
 
-    def _refined_message(self, run: list[tuple[int, RawRecord, Batch, RefineResult]]) -> OutMessage:
+    def _refined_message(
+        self,
+        run: list[tuple[int, RawRecord, Batch, RefineResult]],
+        waves: dict[int, pa.RecordBatch],
+    ) -> OutMessage:
         """One refined message for adjacent rows of one node's batches (see :func:`_runs`),
-        with the lineage of each raw record in it."""
+        with the lineage of each raw record in it. ``waves``: each wave's rows as one record
+        batch, made once per wave (a record batch's slice is serialized as it is, a table's
+        is first cut into batches)."""
         _, _, batch, first = run[0]
-        assert first.wave_rows is not None  # a batch with refined rows has its wave's
-        rows = first.wave_rows.slice(first.wave_start, sum(x[3].refined_count for x in run))
+        wave = first.wave_rows
+        assert wave is not None  # a batch with refined rows has its wave's
+        whole = waves.get(id(wave))
+        if whole is None:
+            whole = waves[id(wave)] = wave.combine_chunks().to_batches()[0]
+        rows = whole.slice(first.wave_start, sum(x[3].refined_count for x in run))
         lineage = [res.header_fields(r.topic, b, (r.partition, r.offset)) for _, r, b, res in run]
         return OutMessage(
             self.topics.refined,
