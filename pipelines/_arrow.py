@@ -74,7 +74,7 @@ def take(values: Any, indices: Any) -> Any:
 def repeat_strings(values: list[str], counts: Any) -> Array:
     """A string array of ``values[j]`` repeated ``counts[j]`` times, built from its two
     buffers (each string's bytes repeated, its offsets a cumulative sum): a take over the
-    distinct values costs a bounds check and an append per row, ~40 instructions a row."""
+    distinct values costs a bounds check and an append per row."""
     raw = [v.encode() for v in values]
     lengths = np.fromiter(map(len, raw), dtype=np.int64, count=len(raw))
     offsets = np.empty(int(np.sum(counts)) + 1, dtype=np.int64)
