@@ -197,11 +197,14 @@ def end_count(conf: dict[str, Any], topic: str) -> int:
 
 class CpuSampler:
     """Samples a process's CPU seconds (user + system) a few times a second in a thread, so
-    the CPU spent between two wall-clock instants can be read off afterwards."""
+    the CPU spent between two wall-clock instants can be read off afterwards; beside it the
+    CPU of the process's main thread (Faust's event loop, where the worker refines) and the
+    machine's busy CPU seconds (all cores), NaN where /proc does not give them."""
 
     def __init__(self, pid: int, every_s: float = 0.2) -> None:
         self.pid, self.every_s = pid, every_s
-        self.samples: list[tuple[float, float]] = []  # (time.time(), cpu seconds)
+        # (time.time(), process CPU s, main thread CPU s, machine busy CPU s)
+        self.samples: list[tuple[float, float, float, float]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="cpu-sampler", daemon=True)
 
@@ -214,27 +217,63 @@ class CpuSampler:
         self._thread.join(5)
 
     def _run(self) -> None:
+        nan = float("nan")
         while not self._stop.is_set():
             cpu = process_cpu_s(self.pid)
             if cpu is None:
                 return
-            self.samples.append((time.time(), cpu))
+            main = _stat_cpu_s(Path(f"/proc/{self.pid}/task/{self.pid}/stat"))
+            box = machine_busy_s()
+            self.samples.append(
+                (time.time(), cpu, nan if main is None else main, nan if box is None else box)
+            )
             self._stop.wait(self.every_s)
 
     def cpu_between(self, t0: float, t1: float) -> float:
         """CPU seconds used between wall instants ``t0`` and ``t1`` (linear interpolation)."""
-        return self._at(t1) - self._at(t0)
+        return self._at(t1, 1) - self._at(t0, 1)
 
-    def _at(self, t: float) -> float:
+    def main_thread_between(self, t0: float, t1: float) -> float:
+        """CPU seconds of the process's main thread between ``t0`` and ``t1``."""
+        return self._at(t1, 2) - self._at(t0, 2)
+
+    def machine_busy_between(self, t0: float, t1: float) -> float:
+        """CPU seconds the whole machine was busy between ``t0`` and ``t1``."""
+        return self._at(t1, 3) - self._at(t0, 3)
+
+    def _at(self, t: float, k: int) -> float:
         s = self.samples
         if not s:
             return float("nan")
         if t <= s[0][0]:
-            return s[0][1]
-        for (ta, ca), (tb, cb) in itertools.pairwise(s):
+            return s[0][k]
+        for a, b in itertools.pairwise(s):
+            ta, tb = a[0], b[0]
             if ta <= t <= tb:
-                return ca + (cb - ca) * ((t - ta) / (tb - ta) if tb > ta else 0.0)
-        return s[-1][1]
+                return a[k] + (b[k] - a[k]) * ((t - ta) / (tb - ta) if tb > ta else 0.0)
+        return s[-1][k]
+
+
+def machine_busy_s() -> float | None:
+    """CPU seconds the whole machine has spent busy (all CPUs, /proc/stat); None off Linux."""
+    try:
+        first = Path("/proc/stat").read_text().split("\n", 1)[0].split()
+    except OSError:
+        return None
+    ticks = [int(x) for x in first[1:]]
+    idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)  # idle + iowait
+    return (sum(ticks[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def _stat_cpu_s(path: Path) -> float | None:
+    """User + system CPU seconds from a /proc ``stat`` file (a process's or a thread's)."""
+    try:
+        stat = path.read_text()
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[1].split()
+    # fields after the command: state is [0], utime [11], stime [12] (proc(5) 14 and 15)
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def process_cpu_s(pid: int) -> float | None:
@@ -250,13 +289,7 @@ def process_cpu_s(pid: int) -> float | None:
             return None
     except ImportError:
         pass
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat.rsplit(")", 1)[1].split()
-    # fields after the command: state is [0], utime [11], stime [12] (proc(5) 14 and 15)
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return _stat_cpu_s(Path(f"/proc/{pid}/stat"))
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import threading
 import time
 from pathlib import Path
@@ -168,17 +167,6 @@ def _warmup_s(seconds: int) -> float:
     return min(10.0, seconds / 3)
 
 
-def _machine_busy_s() -> float | None:
-    """CPU seconds the whole machine has spent busy (all CPUs, /proc/stat); None off Linux."""
-    try:
-        first = Path("/proc/stat").read_text().split("\n", 1)[0].split()
-    except OSError:
-        return None
-    ticks = [int(x) for x in first[1:]]
-    idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)  # idle + iowait
-    return (sum(ticks[:8]) - idle) / os.sysconf("SC_CLK_TCK")
-
-
 def _alerts(k: BenchKafka, prefix: str) -> list[tuple[dict[str, Any], int]]:
     """Every alert record on the alerts topic with its LogAppendTime (ns)."""
     topic = prefix + "telemetry.alerts"
@@ -257,14 +245,14 @@ def bench_worker_freshness(
         duration_ns=seconds * S,
         spread=spread,
     )
-    from services.bench.harness import process_cpu_s
+    from services.bench.harness import machine_busy_s, process_cpu_s
 
-    cpu0, wall0, box0 = process_cpu_s(worker.proc.pid), time.monotonic(), _machine_busy_s()
+    cpu0, wall0, box0 = process_cpu_s(worker.proc.pid), time.monotonic(), machine_busy_s()
     rep = publish(sim, k.kafka, sim_topics(prefix), None, speed=1.0, progress_cb=None)
     raw = [prefix + t for t in ("telemetry.raw", "telemetry.events", "telemetry.collectives")]
     k.wait("the worker drains", lambda: k.lag(prefix + "worker", raw) == 0, 180, [worker])
     wall = time.monotonic() - wall0
-    cpu1, box1 = process_cpu_s(worker.proc.pid), _machine_busy_s()
+    cpu1, box1 = process_cpu_s(worker.proc.pid), machine_busy_s()
     worker.stop(30)
     warmup = _warmup_s(seconds)
     per_sample, newest, warm = _refined_freshness(k, prefix, warmup)
@@ -314,11 +302,11 @@ def bench_pipeline(
     k.say(f"  publishing {nodes} nodes (~{nodes * SAMPLES_PER_NODE_S:,} samples/s) for {seconds}s"
           f" at speed 1 with {faults}")  # fmt: skip
     sim = Simulation(Cluster.build(nodes), faults, duration_ns=seconds * S)
-    from services.bench.harness import process_cpu_s
+    from services.bench.harness import machine_busy_s, process_cpu_s
 
     procs = {"worker": worker, "detect": detect, "land": land}
     cpu0 = {n: process_cpu_s(c.proc.pid) for n, c in procs.items()}
-    own0, wall0, box0 = time.process_time(), time.monotonic(), _machine_busy_s()
+    own0, wall0, box0 = time.process_time(), time.monotonic(), machine_busy_s()
     with LakePoller(lake) as poller:
         rep = publish(sim, k.kafka, sim_topics(prefix), None, speed=1.0, progress_cb=None)
         raw = [
@@ -334,7 +322,7 @@ def bench_pipeline(
         time.sleep(2 * poller.every_s + 1)
     wall = time.monotonic() - wall0
     cpu_share = {"bench (simulator, poller)": (time.process_time() - own0) / wall}
-    box1 = _machine_busy_s()
+    box1 = machine_busy_s()
     cpu_share["machine (all processes)"] = (
         (box1 - box0) / wall if box0 is not None and box1 is not None else float("nan")
     )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 from dataclasses import dataclass
 
@@ -209,6 +210,19 @@ def bench_worker_throughput(
         w_rate = w_samples / span
         w_cpu = cpu.cpu_between(first_ms / 1000, last_ms / 1000)
         note = "one process, end of its first group to end of its last"
+        # where the limit is: the main thread (Faust's loop and the refiner, one core at
+        # most under the GIL) against what the machine had left (broker included)
+        t0, t1 = first_ms / 1000, last_ms / 1000
+        if t1 > t0:
+            r.add(
+                "worker_main_thread_busy",
+                cpu.main_thread_between(t0, t1) / (t1 - t0),
+                "cores",
+                note="its main thread's CPU over the run: 1.0 is one core",
+            )
+            r.add("machine_idle_cores",
+                  (os.cpu_count() or 1) - cpu.machine_busy_between(t0, t1) / (t1 - t0),
+                  "cores", note="the machine's idle CPU over the run, broker included")  # fmt: skip
     else:  # it stalled (or did all in one group): what it did over the whole wait, say so
         w_rate, w_samples = total / (ended - spawned), total
         w_cpu = cpu.cpu_between(spawned, ended)

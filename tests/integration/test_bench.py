@@ -34,6 +34,8 @@ FIGURES = {
         "refiner_samples_per_cpu_s",
         "bench_refine_samples_per_s",
         "worker_cpu_to_refiner_cpu_ratio",
+        "worker_main_thread_busy",
+        "machine_idle_cores",
     ],
     "refine_memory": [
         "refine_peak_rss_gib",
