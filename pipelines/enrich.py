@@ -306,14 +306,20 @@ class TopologyIndex:
             self._cache.popitem(last=False)
         return table
 
-    def enrich(self, node: str, device: Array, ts: Array) -> pa.Table:
-        """ENRICH_SCHEMA columns for rows of one node, given each row's device and aligned ts.
-        Python work is per distinct device and per boundary inside the batch, not per row."""
+    def enrich(
+        self, node: str, device: Array, ts: Array, span: tuple[int, int] | None = None
+    ) -> pa.Table:
+        """ENRICH_SCHEMA columns for rows of one node, given each row's device and aligned ts
+        (``span``: the least and greatest of ``ts`` when the caller has them). Python work is
+        per distinct device and per boundary inside the batch, not per row."""
         n = len(device)
         if n == 0:
             return ENRICH_SCHEMA.empty_table()
-        tmin, tmax = pc.min_max(ts).values()
-        lo, hi = tmin.as_py(), tmax.as_py()
+        if span is None:
+            tmin, tmax = pc.min_max(ts).values()
+            lo, hi = tmin.as_py(), tmax.as_py()
+        else:
+            lo, hi = span
         bounds = self._bounds.get(node, self._fabric_bounds)
         inside = bounds[bisect.bisect_right(bounds, lo) : bisect.bisect_right(bounds, hi)]
         epoch = bisect.bisect_right(bounds, lo)

@@ -310,12 +310,20 @@ def _refine_wave(
 
     # lateness against each stream's watermark before this batch; then move the watermarks
     ts_np = ts.to_numpy(zero_copy_only=False) if m_all else np.zeros(0, np.int64)
+    # each batch's least and greatest aligned ts, all in two calls (0 for a batch without
+    # rows: never read)
+    nz = np.flatnonzero(counts)
+    low, high = np.zeros(len(live), np.int64), np.zeros(len(live), np.int64)
+    if nz.size:
+        low[nz] = np.minimum.reduceat(ts_np, rstart[nz])
+        high[nz] = np.maximum.reduceat(ts_np, rstart[nz])
+    lows, highs = low.tolist(), high.tolist()
     tops: list[int | None] = [None] * len(live)
     for j, x in enumerate(live):
         if counts[j]:
             stream = x.item.batch.envelope.source.stream_key()
             mark = state.watermarks.get(stream)
-            top = tops[j] = int(ts_np[rstart[j] : rstart[j + 1]].max())
+            top = tops[j] = highs[j]
             state.watermarks[stream] = top if mark is None else max(mark, top)
     if any(mk is not None for mk in marks) and m_all:
         late_all = pc.or_(late_all, true_mask(pc.less(ts, column(per, "floor"))))
@@ -325,7 +333,8 @@ def _refine_wave(
     for j, x in enumerate(live):
         lo, m = int(rstart[j]), int(counts[j])
         node = x.item.batch.envelope.source.node
-        enr_parts.append(topology.enrich(node, acc_device.slice(lo, m), ts.slice(lo, m)))
+        span = (lows[j], highs[j]) if m else None
+        enr_parts.append(topology.enrich(node, acc_device.slice(lo, m), ts.slice(lo, m), span))
     # one contiguous array per column, concatenated in one call (2.6x faster than per column)
     enr = enr_parts[0] if len(enr_parts) == 1 else pa.concat_tables(enr_parts).combine_chunks()
 
