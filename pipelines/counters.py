@@ -32,6 +32,8 @@ arrays for "previous", one ``index_in`` into the state table, one upsert of the 
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -107,15 +109,26 @@ class CounterLayout:
     pos: Any = None  # numpy: its counter rows (in the batch), in (series, source ts) order
     codes: Any = None  # numpy: the series of each, as an index into ``names``
     hits: int = 0  # batches that used it
+    # the validation layout generation (:attr:`pipelines.validate.LayoutCache.gen`) of the
+    # batch it was made from, when that batch's rows were all kept: a later batch of the same
+    # generation whose rows were all kept has the same metric and device columns
+    known: int | None = None
 
-    def matches(self, metric: Array, device: Array, counters: Array, state: CounterState) -> bool:
-        return (
-            self.names is not None
-            and self.counters.equals(counters)
-            and self.metric.equals(metric)
-            and self.device.equals(device)
-            and self.names.equals(column(state.table, "key"))
-        )
+    def matches(
+        self, view: Callable[[], tuple[Array, Array]], counters: Array, state: CounterState,
+        known: int | None = None,
+    ) -> bool:  # fmt: skip
+        """Whether a batch fits: ``view`` gives its metric and device columns (not called
+        when ``known`` vouches for them), ``counters`` its counter-row mask."""
+        if self.names is None or not self.counters.equals(counters):
+            return False
+        if known is None or known != self.known:
+            metric, device = view()
+            if not (self.metric.equals(metric) and self.device.equals(device)):
+                return False
+            if known is not None:  # its columns are this generation's too
+                self.known = known
+        return bool(self.names.equals(column(state.table, "key")))
 
 
 @dataclass(frozen=True)
@@ -127,6 +140,7 @@ class CounterPart:
     boot_id: str
     state: CounterState
     layout: CounterLayout | None = None
+    known: int | None = None  # see CounterLayout.known: the batch's, when all its rows are
 
 
 def derive_rates(
@@ -168,13 +182,17 @@ def derive_rates_group(
     counts = np.array([p.rows for p in parts], dtype=np.int64)
     starts = np.concatenate([[0], np.cumsum(counts)])
     metric_all, device_all = column(table, "metric"), column(table, "device")
-    views = [
-        (metric_all.slice(a, m), device_all.slice(a, m), cmask.slice(a, m))
-        for a, m in zip(starts[:-1].tolist(), counts.tolist(), strict=True)
-    ]
+    spans = list(zip(starts[:-1].tolist(), counts.tolist(), strict=True))
+
+    def view(j: int) -> tuple[Array, Array]:
+        a, m = spans[j]
+        return metric_all.slice(a, m), device_all.slice(a, m)
+
+    masks = [cmask.slice(a, m) for a, m in spans]
     fits = [
-        p.layout is not None and p.layout.matches(*v, p.state)
-        for p, v in zip(parts, views, strict=True)
+        p.layout is not None
+        and p.layout.matches(functools.partial(view, j), masks[j], p.state, p.known)
+        for j, p in enumerate(parts)
     ]
     st_parts = [p.state.table for p in parts]
     st = pa.concat_tables(st_parts).combine_chunks() if k > 1 else st_parts[0]
@@ -225,7 +243,8 @@ def derive_rates_group(
         for j, p in enumerate(parts):
             if p.layout is not None and not fits[j]:
                 mine = sorted_rows.slice(int(bounds[j]), int(bounds[j + 1] - bounds[j]))
-                _remember(p.layout, *views[j], mine, names, int(starts[j]), states[j])
+                _remember(p.layout, *view(j), masks[j], mine, names, int(starts[j]), states[j])
+                p.layout.known = p.known if p.layout.names is not None else None
 
     # scatter back to row order; rows not computed (late, not counters) get the fills
     at_rows = column(s, "pos").to_numpy()

@@ -296,7 +296,9 @@ def _refine_wave(
     cparts = [
         CounterPart(int(counts[j]), x.item.batch.envelope.source.boot_id,
                     state.counters.get(keys[j], CounterState()),
-                    state.counter_layouts.setdefault(keys[j], CounterLayout()))
+                    state.counter_layouts.setdefault(keys[j], CounterLayout()),
+                    # every row kept: its columns are those validation's layout was found for
+                    parts[j][1].gen if counts[j] == sizes[j] else None)
         for j, x in enumerate(live)
     ]  # fmt: skip
     cols, new_states = derive_rates_group(acc, ts, cparts)

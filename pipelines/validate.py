@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import itertools
 import weakref
 from dataclasses import dataclass, field
 from typing import Any
@@ -235,6 +236,13 @@ class LayoutCache:
     unknown: Array = None
     bad_device: Array = None
     row_index: Array = None
+    # which metric/device columns it was derived from: a number no other fill of any cache
+    # had, so two batches that found the same ``gen`` have equal columns without comparing
+    # them again (the counter layouts, :class:`pipelines.counters.CounterLayout`, use it)
+    gen: int = 0
+
+
+_GENS = itertools.count(1)
 
 
 class SharedLayouts:
@@ -308,9 +316,11 @@ def _layout(
             found = shared.find(key, metric, device, catalog, limits)
             if found is not None:  # its arrays are never changed: the fields are shared
                 lay.__dict__.update(found.__dict__)
+                lay.gen = next(_GENS)
                 return lay
     enc = metric.dictionary_encode()
     lay.metric, lay.device, lay.catalog, lay.limits = metric, device, catalog, limits
+    lay.gen = next(_GENS)
     lay.idx = enc.indices
     names = enc.dictionary.to_pylist()
     lay.metrics = [lookup(catalog, s) for s in names]

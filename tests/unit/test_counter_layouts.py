@@ -108,3 +108,76 @@ def test_a_batch_whose_rows_come_in_another_time_order_is_sorted_again() -> None
     cols, _ = derive_rates_group(third, ts, [CounterPart(3, "b0", state, layout)])
     assert layout.hits == 1
     assert cols.delta.to_pylist() == [10.0, 20.0, 1.0]  # 70-60, 90-70, 10-9
+
+
+def _no_view() -> tuple[pa.Array, pa.Array]:
+    raise AssertionError("the columns were compared although the generation vouched for them")
+
+
+def test_a_batch_of_the_remembered_generation_is_not_compared_again() -> None:
+    """A layout remembered from a batch of validation generation 7: a later batch of
+    generation 7 fits without its metric/device columns being read; one of another
+    generation is compared, and a batch with other devices is not taken for the same."""
+    t = T0
+    first = _batch([("a", t + 1 * S, 10), ("b", t + 1 * S, 5)])
+    layout, state = CounterLayout(), CounterState()
+    _, (state,) = derive_rates_group(
+        first, first.column("ts_ns").combine_chunks(), [CounterPart(2, "b0", state, layout, 7)]
+    )
+    assert layout.names is not None and layout.known == 7
+    second = _batch([("a", t + 2 * S, 30), ("b", t + 2 * S, 9)])
+    mask = pa.array([True, True])
+    assert layout.matches(_no_view, mask, state, 7)
+    cols, (state,) = derive_rates_group(
+        second, second.column("ts_ns").combine_chunks(), [CounterPart(2, "b0", state, layout, 7)]
+    )
+    assert layout.hits == 1 and cols.delta.to_pylist() == [20.0, 4.0]
+    # same columns, another generation: compared, fits, and the layout takes the generation
+    third = _batch([("a", t + 3 * S, 35), ("b", t + 3 * S, 10)])
+    cols, (state,) = derive_rates_group(
+        third, third.column("ts_ns").combine_chunks(), [CounterPart(2, "b0", state, layout, 8)]
+    )
+    assert layout.hits == 2 and layout.known == 8 and cols.delta.to_pylist() == [5.0, 1.0]
+    # other devices (so another generation): compared, does not fit, sorted afresh
+    other = _batch([("c", t + 4 * S, 1), ("a", t + 4 * S, 40)])
+    assert not layout.matches(
+        lambda: (other.column("metric").chunk(0), other.column("device").chunk(0)),
+        mask, state, 9,
+    )  # fmt: skip
+    cols, _ = derive_rates_group(
+        other, other.column("ts_ns").combine_chunks(), [CounterPart(2, "b0", state, layout, 9)]
+    )
+    assert layout.hits == 2 and cols.delta.to_pylist() == [None, 5.0]
+
+
+def test_validation_generations_follow_the_columns() -> None:
+    """The generation a batch's validation layout gives is the same while its metric and
+    device columns are, and new whenever the layout is filled again, also from a layout
+    another source shares (two sources never share a generation)."""
+    from pipelines.validate import LayoutCache, SharedLayouts
+
+    t = T0
+
+    def raw(devices: list[str]) -> pa.Table:
+        n = len(devices)
+        return pa.table(
+            {
+                "ts_ns": pa.array([t] * n, pa.int64()),
+                "metric": ["rdma.np_cnp_sent"] * n,
+                "device": devices,
+                "value": pa.nulls(n, pa.float64()),
+                "raw": pa.array([1] * n, pa.uint64()),
+                "text": pa.nulls(n, pa.string()),
+            },
+            schema=SAMPLES_SCHEMA,
+        )
+
+    shared = SharedLayouts()
+    mine, theirs = LayoutCache(), LayoutCache()
+    gens = []
+    for devices, cache in ((["a", "b"], mine), (["a", "b"], mine), (["a", "c"], mine),
+                           (["a", "b"], theirs)):  # fmt: skip
+        table = raw(devices)
+        validate_samples(table, CAT, t, parts=[(table.num_rows, cache)], shared=shared)
+        gens.append(cache.gen)
+    assert gens[0] == gens[1] and len(set(gens)) == 3 and min(gens) > 0
