@@ -93,3 +93,31 @@ def test_a_buffer_outside_the_body_is_undecodable(compression: str | None) -> No
     with pytest.raises(RejectedInput) as e:
         _allocation(altered, msg.body)
     assert e.value.reason is Reason.UNDECODABLE and f"buffer {count - 1} outside" in str(e.value)
+
+
+@pytest.mark.parametrize("field", [0, 1])  # the offset, the length
+@pytest.mark.parametrize("value", [-1, -(1 << 62), "past"])
+def test_every_buffer_is_checked_for_negatives_and_the_end_of_the_body(
+    field: int, value: int | str
+) -> None:
+    """Any one buffer of the table made negative or to end past the body, the others left as
+    they are: the check names that buffer, whichever it is."""
+    data = _stream(None)
+    msg, _ = _batch(data)
+    base = msg.metadata.to_pybytes()
+    batch = _batch_of(base)
+    assert batch is not None
+    start, count = batch.vector(2, 16)
+    spans = _spans(msg)
+    for i in range(count):
+        meta = bytearray(base)
+        off, size = spans[i]
+        bad = value if isinstance(value, int) else msg.body.size - (off if field else size) + 1
+        struct.pack_into("<q", meta, start + 16 * i + 8 * field, bad)
+        altered = _batch_of(bytes(meta))
+        assert altered is not None
+        with pytest.raises(RejectedInput) as e:
+            _allocation(altered, msg.body)
+        assert e.value.reason is Reason.UNDECODABLE and f"buffer {i} outside" in str(e.value)
+    # and untouched, it passes
+    assert _allocation(batch, msg.body) >= 0
