@@ -150,6 +150,10 @@ class OverlapState:
     # metric share no point, which is the common case (a node's exporters measure different
     # things), and a batch is then kept whole without building or hashing point keys
     metrics: dict[str, frozenset[str]] = field(default_factory=dict, compare=False, repr=False)
+    # the validation layout generation (:attr:`pipelines.validate.LayoutCache.gen`) whose
+    # metric and device columns a source's table holds, when it holds a whole batch's rows (a
+    # cache, not state): a batch of the same generation has the same series, uncompared
+    gens: dict[str, int] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if isinstance(self.sources, pa.Table):
@@ -199,20 +203,22 @@ def drop_overlaps(
     ts_source: Array,
     source: str,
     state: OverlapState,
+    known: int | None = None,
 ) -> tuple[OverlapResult, OverlapState]:
     """Find rows of one batch (all from ``source``, a stream key) already delivered by
     another source of the same node. Returns the keep mask and the new state; ``state`` is
-    not modified. Never raises on data."""
+    not modified. ``known``: the validation layout generation of the batch when these are
+    all its rows (see :attr:`OverlapState.gens`). Never raises on data."""
     n = len(metric)
     if n == 0:
         return OverlapResult(pa.array([], pa.bool_()), 0), state
     old = state.sources.get(source)
     # a source sends the same series in the same order every time: its metrics are those of
-    # its previous batch, found by comparing the columns instead of hashing them again
-    same_series = (
-        old is not None
-        and column(old, "metric").equals(metric)
-        and column(old, "device").equals(device)
+    # its previous batch, found by its layout's generation or by comparing the columns
+    # instead of hashing them again
+    same_series = old is not None and (
+        (known is not None and state.gens.get(source) == known)
+        or (column(old, "metric").equals(metric) and column(old, "device").equals(device))
     )
     mine_metrics = (
         _metrics_of(state, source) if same_series else frozenset(pc.unique(metric).to_pylist())
@@ -240,16 +246,19 @@ def drop_overlaps(
     sources = dict(state.sources)
     keys = {k: v for k, v in state.keys.items() if k != source}
     metrics = {k: v for k, v in state.metrics.items() if k != source}
+    gens = {k: v for k, v in state.gens.items() if k != source}
     if old is None or (not dup_count and same_series):
         sources[source] = mine  # same series as last time: a plain replacement
         if points is not None:
             keys[source] = points
         metrics[source] = mine_metrics
+        if known is not None and not dup_count:  # the batch's rows, all of them
+            gens[source] = known
     else:
         sources[source] = _merge_series(old, mine)
     if keep is None:
         keep = all_true(n)
-    return OverlapResult(keep, dup_count), OverlapState(sources, keys, metrics)
+    return OverlapResult(keep, dup_count), OverlapState(sources, keys, metrics, gens)
 
 
 def _metrics_of(state: OverlapState, source: str) -> frozenset[str]:

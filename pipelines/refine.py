@@ -268,6 +268,8 @@ def _refine_wave(
         ov, state.overlaps[src.node] = drop_overlaps(
             metric.slice(lo, m), device.slice(lo, m), ts_src.slice(lo, m),
             src.stream_key(), ov_state,
+            # every row valid: its columns are those validation's layout was found for
+            parts[j][1].gen if m == sizes[j] else None,
         )  # fmt: skip
         x.dup = ov.duplicates
         keeps.append(ov.keep)
