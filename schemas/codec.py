@@ -105,6 +105,21 @@ def ipc_stream(table: pa.Table | pa.RecordBatch) -> pa.Buffer:
     return sink.getvalue()
 
 
+def ipc_stream_within(batch: pa.RecordBatch, size: int) -> pa.Buffer:
+    """:func:`ipc_stream` of ``batch``, written straight into one buffer of ``size`` bytes
+    instead of serializing the batch and then copying schema, batch and end marker together
+    (a copy of every byte saved, for the cost of writing the schema message again: worth it
+    for large batches). When the stream does not fit in ``size``, :func:`ipc_stream`."""
+    buf = pa.allocate_buffer(size)
+    sink = pa.FixedSizeBufferWriter(buf)
+    try:
+        with pa.ipc.new_stream(sink, batch.schema) as w:
+            w.write_batch(batch)
+    except OSError:  # past the end of the buffer: the caller's size was too small
+        return ipc_stream(batch)
+    return buf.slice(0, sink.tell())
+
+
 def encode(envelope: Envelope, table: pa.Table, content_type: str = ARROW) -> tuple[str, bytes]:
     """Serialize one batch; returns ``(content_type, body)``. The table must fit its schema."""
     schema = PAYLOAD_SCHEMAS[envelope.kind]

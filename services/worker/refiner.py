@@ -23,7 +23,9 @@ import base64
 import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from pipelines.aligned import align_records
@@ -39,7 +41,7 @@ from pipelines.refine import (
     refine_group,
 )
 from schemas.catalog import Catalog
-from schemas.codec import ARROW, content_type_of, decode, ipc_stream
+from schemas.codec import ARROW, content_type_of, decode, ipc_stream, ipc_stream_within
 from schemas.errors import RejectedInput
 from schemas.records import (
     Alert,
@@ -215,7 +217,7 @@ class Refiner:
                 outs[i] = self._samples(r, b, res, now_ns)
                 if res.refined_count:
                     refined.append((i, r, b, res))
-            waves: dict[int, pa.RecordBatch] = {}
+            waves: dict[int, _WaveRows] = {}
             for run in _runs(refined):
                 last = outs[max(i for i, _, _, _ in run)]
                 assert last is not None
@@ -294,7 +296,7 @@ class Refiner:
     def _refined_message(
         self,
         run: list[tuple[int, RawRecord, Batch, RefineResult]],
-        waves: dict[int, pa.RecordBatch],
+        waves: dict[int, _WaveRows],
     ) -> OutMessage:
         """One refined message for adjacent rows of one node's batches (see :func:`_runs`),
         with the lineage of each raw record in it. ``waves``: each wave's rows as one record
@@ -305,13 +307,15 @@ class Refiner:
         assert wave is not None  # a batch with refined rows has its wave's
         whole = waves.get(id(wave))
         if whole is None:
-            whole = waves[id(wave)] = wave.combine_chunks().to_batches()[0]
-        rows = whole.slice(first.wave_start, sum(x[3].refined_count for x in run))
+            whole = waves[id(wave)] = _WaveRows(wave.combine_chunks().to_batches()[0])
+        n = sum(x[3].refined_count for x in run)
+        rows = whole.batch.slice(first.wave_start, n)
+        size = whole.bound(first.wave_start, n)
         lineage = [res.header_fields(r.topic, b, (r.partition, r.offset)) for _, r, b, res in run]
         return OutMessage(
             self.topics.refined,
             batch.envelope.source.node.encode(),
-            ipc_stream(rows),
+            ipc_stream(rows) if size is None else ipc_stream_within(rows, size),
             [("content-type", ARROW.encode()), ("lineage", lineage_header(lineage))],
         )
 
@@ -435,6 +439,38 @@ class Refiner:
             emitted_ns=now_ns,
         )
         return [OutMessage(self.topics.alerts, stream.encode(), alert.model_dump_json().encode())]
+
+
+class _WaveRows:
+    """A wave's refined rows as one record batch, and a bound on the IPC stream of any run of
+    its rows (:meth:`bound`), for writing each refined message straight into one buffer."""
+
+    SLACK = 65_536  # the schema and record batch messages' metadata, padding, end marker
+
+    def __init__(self, batch: pa.RecordBatch) -> None:
+        self.batch = batch
+        fixed = 0
+        strings: Any = np.zeros(batch.num_rows + 1, dtype=np.int64)
+        for col in batch.columns:
+            if pa.types.is_string(col.type):
+                off = np.frombuffer(col.buffers()[1], dtype=np.int32)
+                strings += off[col.offset : col.offset + len(col) + 1]
+                fixed += 4  # an offset per row
+            elif pa.types.is_primitive(col.type):
+                fixed += max(col.type.bit_width // 8, 1)
+            else:  # no bound known: every message serialized the plain way
+                fixed = -1
+                break
+            fixed += 1  # its validity bitmap, at a byte per row at most
+        self._strings, self._fixed = strings, fixed
+
+    def bound(self, start: int, rows: int) -> int | None:
+        """At least the bytes of the IPC stream of ``rows`` rows from ``start`` (None: no
+        bound known for these columns)."""
+        if self._fixed < 0:
+            return None
+        data = int(self._strings[start + rows] - self._strings[start])
+        return self.SLACK + 8 * 3 * int(self.batch.num_columns) + rows * self._fixed + data
 
 
 def _runs(
