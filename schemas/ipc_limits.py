@@ -16,6 +16,7 @@ malformed raises :class:`~schemas.errors.RejectedInput` (``undecodable``), anyth
 
 from __future__ import annotations
 
+import operator
 import struct
 
 import numpy as np
@@ -88,6 +89,26 @@ def _batch_of(metadata: bytes) -> _Table | None:
     return header if kind == _HEADER_RECORD_BATCH else header.table(1)
 
 
+def _check_batch(msg: pa.ipc.Message, meta: bytes, max_rows: int) -> int:
+    """The bytes a record or dictionary batch message decodes to, its metadata walked; an
+    uncompressed one is remembered in :data:`_KNOWN`."""
+    batch = _batch_of(meta)
+    if batch is None:
+        raise _bad(f"{msg.type} message without a batch header")
+    rows = batch.scalar(0, "<q", 0)
+    if rows < 0 or rows > max_rows:
+        raise RejectedInput(Reason.OVERSIZED, f"record batch of {rows} rows > {max_rows}")
+    size = _allocation(batch, msg.body)
+    if batch.field(3) is None:  # uncompressed (and every span checked by _allocation)
+        start, count = batch.vector(2, 16)
+        flat = struct.unpack_from(f"<{2 * count}q", batch.data, start)
+        end = max(map(operator.add, flat[0::2], flat[1::2]), default=0)
+        if len(_KNOWN) >= _KNOWN_MAX:
+            _KNOWN.clear()
+        _KNOWN[meta] = (rows, end, size)
+    return size
+
+
 def _allocation(batch: _Table, body: pa.Buffer | None) -> int:
     """Bytes reading ``batch`` would allocate for its buffers (decompressed)."""
     compressed = batch.field(3) is not None
@@ -122,6 +143,16 @@ def _allocation(batch: _Table, body: pa.Buffer | None) -> int:
     return int(np.minimum(sizes, 1 << 40).sum())
 
 
+# The bound of an uncompressed record batch message by its metadata bytes (a cache, not
+# state): (rows, where its last buffer ends in the body, bytes it decodes to). A source's
+# batches repeat their metadata byte for byte (the same rows and buffer spans) and the check
+# is then a lookup: every offset and length was found non-negative and inside the body when
+# the entry was made (the metadata holds the body's length, which the reader holds the body
+# to; where the buffers end is compared with the body again all the same).
+_KNOWN: dict[bytes, tuple[int, int, int]] = {}
+_KNOWN_MAX = 4096
+
+
 def check_ipc_stream(
     buf: pa.Buffer, *, max_rows: int, max_decoded_bytes: int
 ) -> list[pa.ipc.Message]:
@@ -143,13 +174,16 @@ def check_ipc_stream(
             raise RejectedInput(Reason.OVERSIZED, f"more than {MAX_MESSAGES} IPC messages")
         if msg.type not in ("record batch", "dictionary batch"):
             continue
-        batch = _batch_of(msg.metadata.to_pybytes())
-        if batch is None:
-            raise _bad(f"{msg.type} message without a batch header")
-        rows = batch.scalar(0, "<q", 0)
-        if rows < 0 or rows > max_rows:
-            raise RejectedInput(Reason.OVERSIZED, f"record batch of {rows} rows > {max_rows}")
-        total += _allocation(batch, msg.body)
+        meta = msg.metadata.to_pybytes()
+        known = _KNOWN.get(meta)
+        body_size = msg.body.size if msg.body is not None else 0
+        if known is not None and known[1] <= body_size:
+            rows, _, size = known
+            if rows > max_rows:
+                raise RejectedInput(Reason.OVERSIZED, f"record batch of {rows} rows > {max_rows}")
+            total += size
+        else:
+            total += _check_batch(msg, meta, max_rows)
         if total > max_decoded_bytes:
             raise RejectedInput(
                 Reason.OVERSIZED,

@@ -121,3 +121,27 @@ def test_every_buffer_is_checked_for_negatives_and_the_end_of_the_body(
         assert e.value.reason is Reason.UNDECODABLE and f"buffer {i} outside" in str(e.value)
     # and untouched, it passes
     assert _allocation(batch, msg.body) >= 0
+
+
+def test_a_known_batch_metadata_is_checked_against_each_body_and_limit() -> None:
+    """An uncompressed batch whose metadata was checked before: remembered by its bytes, and
+    still refused when its rows or decoded size are over this call's limits."""
+    from schemas.ipc_limits import _KNOWN
+
+    data = _stream(None)
+    msg, at = _batch(data)
+    first = check_ipc_stream(pa.py_buffer(data), max_rows=10**6, max_decoded_bytes=1 << 30)
+    assert msg.metadata.to_pybytes() in _KNOWN
+    again = check_ipc_stream(pa.py_buffer(data), max_rows=10**6, max_decoded_bytes=1 << 30)
+    assert [m.type for m in again] == [m.type for m in first]
+    with pytest.raises(RejectedInput) as e:
+        check_ipc_stream(pa.py_buffer(data), max_rows=4999, max_decoded_bytes=1 << 30)
+    assert e.value.reason is Reason.OVERSIZED
+    with pytest.raises(RejectedInput) as e:
+        check_ipc_stream(pa.py_buffer(data), max_rows=10**6, max_decoded_bytes=1000)
+    assert e.value.reason is Reason.OVERSIZED
+    # the metadata holds the body's length, and the reader refuses a body of another: the
+    # same metadata never comes with a shorter body
+    short = data[: at + msg.body.size - 64]
+    with pytest.raises(OSError):
+        check_ipc_stream(pa.py_buffer(short), max_rows=10**6, max_decoded_bytes=1 << 30)
