@@ -23,7 +23,6 @@ import base64
 import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -217,11 +216,17 @@ class Refiner:
                 outs[i] = self._samples(r, b, res, now_ns)
                 if res.refined_count:
                     refined.append((i, r, b, res))
+            runs = _runs(refined)
+            spans: dict[int, list[tuple[int, int]]] = {}  # wave → (first row, rows) per run
+            for run in runs:
+                res = run[0][3]
+                n = sum(x[3].refined_count for x in run)
+                spans.setdefault(id(res.wave_rows), []).append((res.wave_start, n))
             waves: dict[int, _WaveRows] = {}
-            for run in _runs(refined):
+            for run in runs:
                 last = outs[max(i for i, _, _, _ in run)]
                 assert last is not None
-                last.messages.insert(0, self._refined_message(run, waves))
+                last.messages.insert(0, self._refined_message(run, waves, spans))
             pending.clear()
 
         for i, rec in enumerate(recs):
@@ -297,20 +302,23 @@ class Refiner:
         self,
         run: list[tuple[int, RawRecord, Batch, RefineResult]],
         waves: dict[int, _WaveRows],
+        spans: dict[int, list[tuple[int, int]]],
     ) -> OutMessage:
         """One refined message for adjacent rows of one node's batches (see :func:`_runs`),
         with the lineage of each raw record in it. ``waves``: each wave's rows as one record
         batch, made once per wave (a record batch's slice is serialized as it is, a table's
-        is first cut into batches)."""
+        is first cut into batches) from ``spans``, the runs of each wave."""
         _, _, batch, first = run[0]
         wave = first.wave_rows
         assert wave is not None  # a batch with refined rows has its wave's
         whole = waves.get(id(wave))
         if whole is None:
-            whole = waves[id(wave)] = _WaveRows(wave.combine_chunks().to_batches()[0])
+            whole = waves[id(wave)] = _WaveRows(
+                wave.combine_chunks().to_batches()[0], spans[id(wave)]
+            )
         n = sum(x[3].refined_count for x in run)
         rows = whole.batch.slice(first.wave_start, n)
-        size = whole.bound(first.wave_start, n)
+        size = whole.bounds.get(first.wave_start)
         lineage = [res.header_fields(r.topic, b, (r.partition, r.offset)) for _, r, b, res in run]
         return OutMessage(
             self.topics.refined,
@@ -442,35 +450,33 @@ class Refiner:
 
 
 class _WaveRows:
-    """A wave's refined rows as one record batch, and a bound on the IPC stream of any run of
-    its rows (:meth:`bound`), for writing each refined message straight into one buffer."""
+    """A wave's refined rows as one record batch, and for each run of its rows that goes out
+    as one message (``spans``: first row and rows) a bound on its IPC stream's bytes, from
+    the string columns' offsets at the runs' ends only, for writing each refined message
+    straight into one buffer (:func:`schemas.codec.ipc_stream_within`)."""
 
     SLACK = 65_536  # the schema and record batch messages' metadata, padding, end marker
 
-    def __init__(self, batch: pa.RecordBatch) -> None:
+    def __init__(self, batch: pa.RecordBatch, spans: list[tuple[int, int]]) -> None:
         self.batch = batch
+        self.bounds: dict[int, int] = {}  # first row of a run → bound (none: not known)
+        starts = np.array([a for a, _ in spans], dtype=np.int64)
+        rows = np.array([n for _, n in spans], dtype=np.int64)
+        ends = starts + rows
+        data = np.zeros(len(spans), dtype=np.int64)
         fixed = 0
-        strings: Any = np.zeros(batch.num_rows + 1, dtype=np.int64)
         for col in batch.columns:
             if pa.types.is_string(col.type):
-                off = np.frombuffer(col.buffers()[1], dtype=np.int32)
-                strings += off[col.offset : col.offset + len(col) + 1]
+                off = np.frombuffer(col.buffers()[1], dtype=np.int32)[col.offset :]
+                data += off[ends] - off[starts]
                 fixed += 4  # an offset per row
             elif pa.types.is_primitive(col.type):
                 fixed += max(col.type.bit_width // 8, 1)
             else:  # no bound known: every message serialized the plain way
-                fixed = -1
-                break
+                return
             fixed += 1  # its validity bitmap, at a byte per row at most
-        self._strings, self._fixed = strings, fixed
-
-    def bound(self, start: int, rows: int) -> int | None:
-        """At least the bytes of the IPC stream of ``rows`` rows from ``start`` (None: no
-        bound known for these columns)."""
-        if self._fixed < 0:
-            return None
-        data = int(self._strings[start + rows] - self._strings[start])
-        return self.SLACK + 8 * 3 * int(self.batch.num_columns) + rows * self._fixed + data
+        size = self.SLACK + 8 * 3 * int(batch.num_columns) + rows * fixed + data
+        self.bounds = dict(zip(starts.tolist(), size.tolist(), strict=True))
 
 
 def _runs(
