@@ -218,21 +218,35 @@ def derive_rates_group(
     upd_sid = column(last, "sid")
     # the key strings of the updated series from the batch's dictionary: the rows moved
     # integer codes through the sort, not strings
-    codes = pa.array(column(last, "g").to_numpy() % _SID)
+    codes_np = column(last, "g").to_numpy() % _SID
+    # from layouts, a series' code is its state row, and the codes ascend: every state row
+    # updated (the usual batch) when there are as many codes as rows
+    every = front is not None and len(codes_np) == st.num_rows
     upd = pa.table(
         {
-            "key": take(names, codes),
+            # every row updated, in order: the state's own keys and, where no boot changed,
+            # its boots (no string taken again)
+            "key": column(st, "key") if every else take(names, pa.array(codes_np)),
             "raw": column(last, "raw"),
             "ts": column(last, "ts"),
-            "boot": take(boots, upd_sid),
+            "boot": column(st, "boot") if every and not st_same.false_count else
+                    take(boots, upd_sid),
             "src": column(last, "src"),
             "sid": upd_sid,
         }
-    )
-    kept = pc.invert(true_mask(pc.is_in(st_g, value_set=column(last, "g"))))
-    old = st.append_column("sid", pa.array(st_sid)).filter(kept)
-    merged = pa.concat_tables([old, upd.select(old.column_names)])
-    merged = merged.take(pc.sort_indices(column(merged, "sid")))  # stable: keeps the order
+    )  # fmt: skip
+    if every:  # nothing kept: the updated rows are the new states, already in stream order
+        merged = upd
+    else:
+        if front is not None:  # the updated state rows by index
+            keep_np = np.ones(st.num_rows, dtype=bool)
+            keep_np[codes_np] = False
+            kept = pa.array(keep_np)
+        else:
+            kept = pc.invert(true_mask(pc.is_in(st_g, value_set=column(last, "g"))))
+        old = st.append_column("sid", pa.array(st_sid)).filter(kept)
+        merged = pa.concat_tables([old, upd.select(old.column_names)])
+        merged = merged.take(pc.sort_indices(column(merged, "sid")))  # stable: keeps the order
     per = np.bincount(column(merged, "sid").to_numpy(), minlength=k)
     at = np.concatenate([[0], np.cumsum(per)])
     body = merged.select(STATE_SCHEMA.names)
