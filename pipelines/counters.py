@@ -140,7 +140,7 @@ class CounterPart:
     boot_id: str
     state: CounterState
     layout: CounterLayout | None = None
-    known: int | None = None  # see CounterLayout.known: the batch's, when all its rows are
+    known: int | None = None  # see CounterLayout.known: the batch's, when all its rows were kept
 
 
 def derive_rates(
