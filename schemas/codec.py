@@ -105,11 +105,14 @@ def ipc_stream(table: pa.Table | pa.RecordBatch) -> pa.Buffer:
     return sink.getvalue()
 
 
-def ipc_stream_within(batch: pa.RecordBatch, size: int) -> pa.Buffer:
+def ipc_stream_within(batch: pa.RecordBatch, size: int | None) -> pa.Buffer:
     """:func:`ipc_stream` of ``batch``, written straight into one buffer of ``size`` bytes
     instead of serializing the batch and then copying schema, batch and end marker together
     (a copy of every byte saved, for the cost of writing the schema message again: worth it
-    for large batches). When the stream does not fit in ``size``, :func:`ipc_stream`."""
+    for large batches). When the stream does not fit in ``size`` (or no size is known),
+    :func:`ipc_stream`."""
+    if size is None:
+        return ipc_stream(batch)
     buf = pa.allocate_buffer(size)
     sink = pa.FixedSizeBufferWriter(buf)
     try:

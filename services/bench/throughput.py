@@ -208,11 +208,11 @@ def bench_worker_throughput(
         span = (after[-1][0] - first_ms) / 1000
         w_samples = sum(x for _, x in after)
         w_rate = w_samples / span
-        w_cpu = cpu.cpu_between(first_ms / 1000, last_ms / 1000)
+        t0, t1 = first_ms / 1000, last_ms / 1000
+        w_cpu = cpu.cpu_between(t0, t1)
         note = "one process, end of its first group to end of its last"
         # where the limit is: the main thread (Faust's loop and the refiner, one core at
         # most under the GIL) against what the machine had left (broker included)
-        t0, t1 = first_ms / 1000, last_ms / 1000
         if t1 > t0:
             r.add(
                 "worker_main_thread_busy",

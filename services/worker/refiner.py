@@ -217,16 +217,24 @@ class Refiner:
                 if res.refined_count:
                     refined.append((i, r, b, res))
             runs = _runs(refined)
-            spans: dict[int, list[tuple[int, int]]] = {}  # wave → (first row, rows) per run
-            for run in runs:
+            rows = [sum(x[3].refined_count for x in run) for run in runs]
+            # each wave's rows as one record batch, with the runs (first row, rows) it sends
+            by_wave: dict[int, tuple[pa.Table, list[tuple[int, int]]]] = {}
+            for run, n in zip(runs, rows, strict=True):
                 res = run[0][3]
-                n = sum(x[3].refined_count for x in run)
-                spans.setdefault(id(res.wave_rows), []).append((res.wave_start, n))
-            waves: dict[int, _WaveRows] = {}
-            for run in runs:
+                assert res.wave_rows is not None  # a batch with refined rows has its wave's
+                by_wave.setdefault(id(res.wave_rows), (res.wave_rows, []))[1].append(
+                    (res.wave_start, n)
+                )
+            waves = {
+                k: _WaveRows(wave.combine_chunks().to_batches()[0], spans)
+                for k, (wave, spans) in by_wave.items()
+            }
+            for run, n in zip(runs, rows, strict=True):
                 last = outs[max(i for i, _, _, _ in run)]
                 assert last is not None
-                last.messages.insert(0, self._refined_message(run, waves, spans))
+                whole = waves[id(run[0][3].wave_rows)]
+                last.messages.insert(0, self._refined_message(run, whole, n))
             pending.clear()
 
         for i, rec in enumerate(recs):
@@ -299,31 +307,18 @@ class Refiner:
         )
 
     def _refined_message(
-        self,
-        run: list[tuple[int, RawRecord, Batch, RefineResult]],
-        waves: dict[int, _WaveRows],
-        spans: dict[int, list[tuple[int, int]]],
+        self, run: list[tuple[int, RawRecord, Batch, RefineResult]], whole: _WaveRows, n: int
     ) -> OutMessage:
         """One refined message for adjacent rows of one node's batches (see :func:`_runs`),
-        with the lineage of each raw record in it. ``waves``: each wave's rows as one record
-        batch, made once per wave (a record batch's slice is serialized as it is, a table's
-        is first cut into batches) from ``spans``, the runs of each wave."""
+        ``n`` rows of its wave (``whole``: a record batch's slice is serialized as it is, a
+        table's is first cut into batches), with the lineage of each raw record in it."""
         _, _, batch, first = run[0]
-        wave = first.wave_rows
-        assert wave is not None  # a batch with refined rows has its wave's
-        whole = waves.get(id(wave))
-        if whole is None:
-            whole = waves[id(wave)] = _WaveRows(
-                wave.combine_chunks().to_batches()[0], spans[id(wave)]
-            )
-        n = sum(x[3].refined_count for x in run)
         rows = whole.batch.slice(first.wave_start, n)
-        size = whole.bounds.get(first.wave_start)
         lineage = [res.header_fields(r.topic, b, (r.partition, r.offset)) for _, r, b, res in run]
         return OutMessage(
             self.topics.refined,
             batch.envelope.source.node.encode(),
-            ipc_stream(rows) if size is None else ipc_stream_within(rows, size),
+            ipc_stream_within(rows, whole.bounds.get(first.wave_start)),
             [("content-type", ARROW.encode()), ("lineage", lineage_header(lineage))],
         )
 
