@@ -9,13 +9,16 @@ Agents, each a thin shim over :class:`services.worker.refiner.Refiner`:
   telemetry.collectives.aligned, same contract; state in ``align-streams``.
 
 Per group of records (``noack_take``): process each, publish the outputs and wait for their
-acknowledgements, write the changed state to the tables and wait for its changelog records
-to be acknowledged too (sent by the same librdkafka producer as the outputs) — only then
-are the records acked, so Faust may commit their offsets; a group that failed is never
-acked. That end of a group runs while the next group is refined (the ends one at a time, in
-order). So a crash anywhere replays records whose outputs were either never published
-(recomputed identically from the older state) or already published and remembered in the
-state (skipped as ``replay``).
+acknowledgements. At most every ``checkpoint_every_s`` (and when the worker stops, its
+partitions are revoked or input pauses) the state changed since the last checkpoint is
+written to the tables and its changelog records acknowledged too (sent by the same librdkafka
+producer as the outputs) — only then are the records of the groups it covers acked, so Faust
+may commit their offsets; a group that failed is never acked. That end of a group runs while
+the next group is refined (the ends one at a time, in order). So a crash anywhere replays
+records whose outputs were either never published (recomputed identically from the older
+state) or already published and remembered in the state (skipped as ``replay``), or
+published but not yet in a checkpoint (published again: the same rows with the same
+lineage, which a consumer drops by its raw partition and offset).
 
 A failing agent crashes the worker (``CrashingSupervisor``): the process exits non-zero
 instead of running on without committing. ``/health`` on the web port answers 200 while
@@ -78,6 +81,11 @@ class WorkerConfig:
     # to the event loop between chunks (heartbeats run in the consumer's own thread).
     take_max: int = 600
     take_within_s: float = 0.05
+    # The state of a stream is megabytes a second under backlog (every series' counter
+    # state, rewritten for each group): written at most this often, the groups between two
+    # checkpoints are acked together with the later one, and a crash replays up to this
+    # much more input. 0: every group (the offsets commit every broker_commit_interval, 1 s).
+    checkpoint_every_s: float = 1.0
     refine_chunk: int = 300  # records refined in one call (one vectorized pass per wave)
     stall_after_s: float = 30.0
     gc_settle_every_s: float = 600.0  # full garbage collections on this schedule (GcPacer)
@@ -102,6 +110,46 @@ class Progress:
         return self.commit_stalled_s <= stall_after_s
 
 
+class Checkpoints:
+    """What one agent refined since its state was last written: the events of the groups
+    whose outputs are acknowledged (acked only once a checkpoint covers them), the latest
+    event that changed each stream or node (its changelog record goes to that event's
+    partition), and whether the refiner's state is that after whole groups only."""
+
+    def __init__(self, every_s: float) -> None:
+        self.every_s = every_s
+        self.saved_at = -math.inf
+        self.ended: list[Any] = []
+        self.last_for: dict[str, Any] = {}
+        # False from the start of a group's refining until its end is started: the state
+        # then holds rows whose records may never be acked, and no checkpoint is taken
+        self.clean = True
+        self.epoch = 0  # moves when the partitions are revoked: earlier groups replay
+        self.stream: Any = None
+
+    def due(self) -> bool:
+        return time.monotonic() - self.saved_at >= self.every_s
+
+    def waiting(self) -> bool:
+        return bool(self.ended or self.last_for)
+
+    def take(self, proc: Refiner, stream_table: Any, node_table: Any | None) -> list[OutMessage]:
+        """The changelog records of every stream and node changed since the last
+        checkpoint, as the state is now."""
+        streams, nodes = proc.dirty_blobs()
+        changelog = [_put(stream_table, self.last_for[k], k, b) for k, b in streams.items()]
+        if node_table is not None:
+            changelog += [_put(node_table, self.last_for["node:" + n], n, b)
+                          for n, b in nodes.items()]  # fmt: skip
+        self.last_for = {}
+        self.saved_at = time.monotonic()
+        return changelog
+
+    def drop(self) -> None:
+        """Forget the groups not yet in a checkpoint (partitions revoked): they replay."""
+        self.ended, self.last_for, self.epoch = [], {}, self.epoch + 1
+
+
 class GroupEnds:
     """The ends of refined groups still in flight (see ``run_groups`` in :func:`build_app`).
     A failed end is kept in :attr:`error` for a caller that is not awaiting it (the worker's
@@ -122,6 +170,10 @@ class GroupEnds:
         self._tasks.discard(task)
         if not task.cancelled() and task.exception() is not None and self.error is None:
             self.error = task.exception()
+
+    @property
+    def idle(self) -> bool:
+        return not self._tasks
 
     async def settle(self) -> None:
         """Wait (at most ``settle_s``) for every end in flight; failures stay in :attr:`error`
@@ -282,8 +334,35 @@ def build_app(
             recs.append(_raw_record(m))
         return evs, recs
 
+    refine_cp = Checkpoints(cfg.checkpoint_every_s)
+    align_cp = Checkpoints(cfg.checkpoint_every_s)
+    agents = (
+        (refine_cp, refiner, refine_streams, refine_nodes),
+        (align_cp, aligner, align_streams, None),
+    )
+
+    async def save_now(
+        cp: Checkpoints, proc: Refiner, stream_table: Any, node_table: Any | None
+    ) -> None:
+        """Write the state and ack every group refined so far, when the state is that after
+        whole groups whose ends are all done (a stop, a revocation, input pausing);
+        otherwise leave them to a later checkpoint or to replay."""
+        await ends.settle()
+        if not (cp.clean and ends.idle and ends.error is None and cp.waiting()):
+            return
+        changelog = cp.take(proc, stream_table, node_table)
+        events, cp.ended = cp.ended, []
+        outputs: OutputProducer = app.refinery_outputs  # type: ignore[attr-defined]
+        await outputs.publish(changelog)
+        for ev in events:
+            await cp.stream.ack(ev)
+
     async def run_groups(
-        stream: Any, proc: Refiner, stream_table: Any, node_table: Any | None
+        stream: Any,
+        proc: Refiner,
+        stream_table: Any,
+        node_table: Any | None,
+        cp: Checkpoints,
     ) -> AsyncIterator[None]:
         # noack_take: Faust's take_events acks a group when its generator closes, also when
         # processing it failed, and this process would then commit records whose outputs the
@@ -293,41 +372,64 @@ def build_app(
         # next group is refined: the refining thread no longer sits idle through two broker
         # round trips per group. The ends run one at a time, in group order.
         ending: asyncio.Task[None] | None = None
+        cp.stream = stream
         if gc_pacer.prime():
             telemetry.record("worker.gc_settle_s", gc_pacer.last_pause_s, unit="s")
         async with manual_acks(stream, cfg.take_max, cfg.take_within_s) as groups:
             try:
                 async for events in groups:
-                    end = await refine_group(events, proc, stream_table, node_table)
+                    epoch, cp.clean = cp.epoch, False
+                    end, saves = await refine_group(
+                        events, proc, stream_table, node_table, cp, epoch
+                    )
+                    if epoch != cp.epoch:
+                        # the partitions were revoked while it was refined: its rows leave
+                        # the state (which reloads from the tables) and its records replay
+                        proc.forget()
                     if ending is not None:
                         try:
                             await ending  # the previous group's end; raises its failure here
                         except BaseException:
                             end.close()  # this group's end never starts: its records stay unacked
                             raise
-                    ending = ends.start(acked(stream, events, end))
+                    ending = ends.start(acked(cp, events, end, saves, epoch))
+                    cp.clean = True
                     yield None
             finally:
-                if ending is not None:  # a stop or a crash lets the last group end first
-                    await ends.settle()
+                # a stop or a crash lets the last group end first; a stop (the state that of
+                # whole groups) writes a last checkpoint and acks them
+                if ending is not None:
+                    await save_now(cp, proc, stream_table, node_table)
 
-    async def acked(stream: Any, events: list[Any], end: Coroutine[Any, Any, None]) -> None:
+    async def acked(
+        cp: Checkpoints, events: list[Any], end: Coroutine[Any, Any, None], saves: bool, epoch: int
+    ) -> None:
         await end
-        for ev in events:
-            await stream.ack(ev)
+        if epoch != cp.epoch:  # revoked meanwhile: no checkpoint holds this group, it replays
+            return
+        cp.ended += events
+        if saves:  # the checkpoint covers this group and every one before it
+            done, cp.ended = cp.ended, []
+            for ev in done:
+                await cp.stream.ack(ev)
 
     async def refine_group(
-        events: list[Any], proc: Refiner, stream_table: Any, node_table: Any | None
-    ) -> Coroutine[Any, Any, None]:
+        events: list[Any],
+        proc: Refiner,
+        stream_table: Any,
+        node_table: Any | None,
+        cp: Checkpoints,
+        epoch: int,
+    ) -> tuple[Coroutine[Any, Any, None], bool]:
         """Refine a group and hand its outputs to the producer; returns the coroutine that
-        ends the group: wait for the outputs' acknowledgements, then write the state."""
+        ends the group (wait for the outputs' acknowledgements, then write the state when a
+        checkpoint is due) and whether it writes one."""
         progress.last_group_started = time.monotonic()
         if not progress.groups and not feed.wait_caught_up(0):
             # the first group waits for the topology and jobs to be read whole: no sample is
             # enriched against a half-loaded view (and no join index rebuilt for each part)
             await asyncio.get_running_loop().run_in_executor(None, feed.wait_caught_up, 60)
         now = time.time_ns()
-        last_for: dict[str, Any] = {}
         outputs: OutputProducer = app.refinery_outputs  # type: ignore[attr-defined]
         sent: list[Delivery] = []
         tally = GroupTally()
@@ -339,19 +441,16 @@ def build_app(
                     tally.add(out, rec)
                     pending += out.messages
                     if out.stream is not None:
-                        last_for[out.stream] = ev
-                        last_for["node:" + out.stream.split("|", 1)[0]] = ev
+                        cp.last_for[out.stream] = ev
+                        cp.last_for["node:" + out.stream.split("|", 1)[0]] = ev
                 # librdkafka sends a chunk's outputs while the next chunk is refined
                 sent.append(await outputs.enqueue(pending))
                 await asyncio.sleep(0)  # let heartbeats and fetches run
             tally.report(telemetry)
-            # the group's state is encoded now (the next group changes this refiner's state)
-            # and sent only once its outputs are acknowledged
-            streams, nodes = proc.dirty_blobs()
-            changelog = [_put(stream_table, last_for[k], k, b) for k, b in streams.items()]
-            if node_table is not None:
-                changelog += [_put(node_table, last_for["node:" + n], n, b)
-                              for n, b in nodes.items()]  # fmt: skip
+            # a checkpoint's state is encoded now (the next group changes this refiner's
+            # state) and sent only once the outputs of its groups are acknowledged
+            due = cp.due() and cp.epoch == epoch
+            changelog = cp.take(proc, stream_table, node_table) if due else None
         progress.groups += 1
         progress.records += len(events)
         progress.last_group_done = time.monotonic()
@@ -360,15 +459,16 @@ def build_app(
 
         async def end() -> None:
             await outputs.wait(sent)  # outputs acknowledged first
-            await outputs.publish(changelog)  # then the state; the caller acks the group after
+            if changelog is not None:  # then the state; the caller acks the groups after
+                await outputs.publish(changelog)
 
-        return end()
+        return end(), changelog is not None
 
     @app.agent(
         raw_topic(cfg.inputs.raw, cfg.raw_partitions), supervisor_strategy=CrashingSupervisor
     )
     async def refine(stream: Any) -> None:
-        async for _ in run_groups(stream, refiner, refine_streams, refine_nodes):
+        async for _ in run_groups(stream, refiner, refine_streams, refine_nodes, refine_cp):
             pass
 
     records_in = app.topic(
@@ -383,14 +483,18 @@ def build_app(
 
     @app.agent(records_in, supervisor_strategy=CrashingSupervisor)
     async def align(stream: Any) -> None:
-        async for _ in run_groups(stream, aligner, align_streams, None):
+        async for _ in run_groups(stream, aligner, align_streams, None, align_cp):
             pass
 
     @app.on_partitions_revoked.connect  # type: ignore[arg-type]
     async def on_revoked(app_: Any, revoked: Any, **kwargs: Any) -> None:
         # another worker may own these now: the groups refined so far end first (outputs,
         # state, acks), so that their offsets commit now and none of them is replayed there
-        await ends.settle()
+        # (unless one was being refined: then those not in a checkpoint replay)
+        for agent in agents:
+            await save_now(*agent)
+        for cp, *_ in agents:
+            cp.drop()
         # state must come back from the tables
         refiner.forget()
         aligner.forget()
@@ -434,6 +538,13 @@ def build_app(
         last_offset[tp] = starts[tp] - 1
         consumer: Any = app.consumer
         await consumer.seek(TP(*tp), starts[tp])
+
+    @app.timer(interval=max(cfg.checkpoint_every_s, 0.1))  # type: ignore[untyped-decorator]
+    async def checkpoint() -> None:
+        # input paused: the last groups are written and acked without waiting for more
+        for cp, *rest in agents:
+            if cp.clean and ends.idle and cp.waiting() and cp.due():
+                await save_now(cp, *rest)
 
     @app.timer(interval=5.0)  # type: ignore[untyped-decorator]
     async def watch() -> None:

@@ -63,6 +63,14 @@ def add_parser(sub: Any) -> None:
         "(default 50 ms): longer makes fewer, larger groups (less CPU per record), shorter "
         "answers sooner",
     )
+    p.add_argument(
+        "--checkpoint-ms",
+        type=_checkpoint_ms,
+        default=1000.0,
+        help="how often the state is written at most (default 1000 ms); the records refined "
+        "in between are committed with the next checkpoint, and a crash replays up to this "
+        "much more input (0: every group)",
+    )
     p.add_argument("--loglevel", default="warning")
     p.set_defaults(handler=run)
 
@@ -84,6 +92,7 @@ def _number(unit: str, short: str, lo: float, hi: float) -> Callable[[str], floa
 
 _within_ms = _number("milliseconds", "ms", 1.0, 10_000.0)
 _drift_ppm = _number("ppm", "ppm", 1.0, 10_000.0)
+_checkpoint_ms = _number("milliseconds", "ms", 0.0, 10_000.0)
 
 
 def _partitions(conf: dict[str, Any], topic: str, default: int) -> int:
@@ -167,6 +176,7 @@ def run(args: argparse.Namespace, settings: RefinerySettings) -> int:
         data_dir=Path(args.data_dir) if args.data_dir else settings.home / "worker",
         web_port=args.web_port or None,
         take_within_s=args.take_within_ms / 1000,
+        checkpoint_every_s=args.checkpoint_ms / 1000,
         refine=RefineSettings(
             seq_window=512,
             clock=ClockSettings(

@@ -1,5 +1,5 @@
-"""``refinery worker`` arguments: ``--take-within-ms`` reaches the worker's configuration
-in seconds, ``--clock-plausible-drift-ppm`` in ppm, and a bad value is one line naming the
+"""``refinery worker`` arguments: ``--take-within-ms`` and ``--checkpoint-ms`` reach the
+worker's configuration in seconds, ``--clock-plausible-drift-ppm`` in ppm, and a bad value is one line naming the
 argument, exit 2, before anything runs."""
 
 from __future__ import annotations
@@ -15,6 +15,12 @@ def test_take_within_ms_is_read_in_milliseconds() -> None:
     assert build_parser().parse_args(["worker"]).take_within_ms == 50.0
 
 
+def test_checkpoint_ms_is_read_in_milliseconds_and_zero_means_every_group() -> None:
+    assert build_parser().parse_args(["worker", "--checkpoint-ms", "250"]).checkpoint_ms == 250.0
+    assert build_parser().parse_args(["worker", "--checkpoint-ms", "0"]).checkpoint_ms == 0.0
+    assert build_parser().parse_args(["worker"]).checkpoint_ms == 1000.0
+
+
 def test_plausible_drift_is_read_in_ppm() -> None:
     args = build_parser().parse_args(["worker", "--clock-plausible-drift-ppm", "50"])
     assert args.clock_plausible_drift_ppm == 50.0
@@ -26,6 +32,8 @@ def test_plausible_drift_is_read_in_ppm() -> None:
     [
         ("--take-within-ms", "0", "0 ms: expected 1 to 10000"),
         ("--take-within-ms", "x", "'x' is not a number of milliseconds"),
+        ("--checkpoint-ms", "-1", "-1 ms: expected 0 to 10000"),
+        ("--checkpoint-ms", "20000", "20000 ms: expected 0 to 10000"),
         ("--clock-plausible-drift-ppm", "0", "0 ppm: expected 1 to 10000"),
         ("--clock-plausible-drift-ppm", "fast", "'fast' is not a number of ppm"),
     ],
