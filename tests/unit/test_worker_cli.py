@@ -1,6 +1,6 @@
 """``refinery worker`` arguments: ``--take-within-ms`` and ``--checkpoint-ms`` reach the
-worker's configuration in seconds, ``--clock-plausible-drift-ppm`` in ppm, and a bad value is one line naming the
-argument, exit 2, before anything runs."""
+worker's configuration in seconds, ``--clock-plausible-drift-ppm`` in ppm, and a bad value is
+one line naming the argument, exit 2, before anything runs."""
 
 from __future__ import annotations
 
