@@ -267,4 +267,14 @@ def bench_worker_throughput(
         "x",
         note="samples per CPU-s of the worker process / of the in-process refiner",
     )
+    # Where the ceiling ratio can go while one thread refines: the refiner's samples per
+    # CPU-second (decode and refine alone, no Kafka, no Faust) over the ceiling's samples
+    # per second. A worker whose Kafka intake and output cost nothing and whose thread never
+    # waited would reach this; the real one stays below it.
+    r.add(
+        "refiner_cpu_to_ceiling_ratio",
+        refiner_rate / ceil_rate,
+        "x",
+        note="one refining thread's bound on worker_steady_to_ceiling_ratio",
+    )
     return r

@@ -34,6 +34,7 @@ FIGURES = {
         "refiner_samples_per_cpu_s",
         "bench_refine_samples_per_s",
         "worker_cpu_to_refiner_cpu_ratio",
+        "refiner_cpu_to_ceiling_ratio",
         "worker_main_thread_busy",
         "machine_idle_cores",
     ],
