@@ -77,15 +77,14 @@ def repeat_strings(values: list[str], counts: Any) -> Array:
     distinct values costs a bounds check and an append per row."""
     raw = [v.encode() for v in values]
     lengths = np.fromiter(map(len, raw), dtype=np.int64, count=len(raw))
-    offsets = np.empty(int(np.sum(counts)) + 1, dtype=np.int64)
-    offsets[0] = 0
-    np.cumsum(np.repeat(lengths, counts), out=offsets[1:])
-    if offsets[-1] >= 1 << 31:
+    reps = np.asarray(counts, dtype=np.int64)
+    if int(lengths @ reps) >= 1 << 31:  # the offsets are int32
         raise ValueError("repeated strings exceed 2 GiB")
-    data = b"".join([b * int(c) for b, c in zip(raw, counts, strict=True)])
-    return pa.StringArray.from_buffers(
-        len(offsets) - 1, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(data)
-    )
+    offsets = np.empty(int(reps.sum()) + 1, dtype=np.int32)
+    offsets[0] = 0
+    np.cumsum(np.repeat(lengths.astype(np.int32), reps), dtype=np.int32, out=offsets[1:])
+    data = b"".join([b * int(c) for b, c in zip(raw, reps, strict=True)])
+    return pa.StringArray.from_buffers(len(offsets) - 1, pa.py_buffer(offsets), pa.py_buffer(data))
 
 
 _TRUE = pa.array(np.ones(1 << 16, dtype=bool))
