@@ -366,11 +366,12 @@ def build_app(
     ) -> AsyncIterator[None]:
         # noack_take: Faust's take_events acks a group when its generator closes, also when
         # processing it failed, and this process would then commit records whose outputs the
-        # broker never acknowledged. Here a group is acked only once it is done; a failed
-        # one stays uncommitted and the next owner replays it.
-        # A group's end (outputs acknowledged, then its state, then its acks) runs while the
-        # next group is refined: the refining thread no longer sits idle through two broker
-        # round trips per group. The ends run one at a time, in group order.
+        # broker never acknowledged. Here a group is acked only once it is done and in a
+        # checkpoint; a failed one stays uncommitted and the next owner replays it.
+        # A group's end (outputs acknowledged, then, when it takes a checkpoint, the state and
+        # the acks of every group the checkpoint covers) runs while the next group is refined:
+        # the refining thread does not sit idle through the broker round trips. The ends run
+        # one at a time, in group order.
         ending: asyncio.Task[None] | None = None
         cp.stream = stream
         if gc_pacer.prime():
