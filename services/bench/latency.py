@@ -146,6 +146,38 @@ def _refined_freshness(
     return lat, np.asarray(newest, np.float64) / S, once_warm(lat, np.concatenate(stamps), warmup_s)
 
 
+def worker_latency(
+    docs: list[tuple[dict[str, Any], int]], raw_topic: str
+) -> tuple[np.ndarray, np.ndarray]:
+    """(seconds, raw append ms) per raw record of ``raw_topic``: from the broker's append of
+    the raw record (its accounting record's ``append_ms``) to the append of its accounting
+    record, which the worker sends with the record's refined rows. What the worker adds (its
+    queue, group, refining and produce), without the exporter's batching or the publisher's
+    lag that the per-sample figures include. ``docs``: (accounting document, its
+    LogAppendTime ms); replays (a raw record accounted twice) keep the first."""
+    first: dict[tuple[int, int], tuple[int, int]] = {}
+    for d, at_ms in docs:
+        if d.get("raw_topic") != raw_topic:
+            continue
+        pos = (int(d["raw_partition"]), int(d["raw_offset"]))
+        seen = first.get(pos)
+        if seen is None or at_ms < seen[0]:
+            first[pos] = (at_ms, int(d["append_ms"]))
+    if not first:
+        return np.array([], np.float64), np.array([], np.int64)
+    at, raw = (np.array(v, np.int64) for v in zip(*first.values(), strict=True))
+    return (at - raw).astype(np.float64) / 1000, raw
+
+
+def _accounting(k: BenchKafka, prefix: str) -> list[tuple[dict[str, Any], int]]:
+    from services.bench.harness import end_count
+
+    topic = prefix + "telemetry.accounting"
+    n = end_count(k.conf, topic)
+    return [(json.loads(m.value()), m.timestamp()[1])
+            for m in records(k.conf, topic, lambda c: c >= n, 120)]  # fmt: skip
+
+
 def once_warm(latency_s: np.ndarray, ts_ns: np.ndarray, warmup_s: float) -> np.ndarray:
     """The latencies of the samples stamped ``warmup_s`` or more after the first sample
     (``ts_ns``: each sample's stamp, in the order of ``latency_s``)."""
@@ -268,6 +300,13 @@ def bench_worker_freshness(
               note="newest sample per record")  # fmt: skip
     fresh.add(f"{label}_refined_warm_p99_s", _p(warm, 0.99), "s", "<=", 1.0,
               note=_warm_note(warmup, f"{label}_refined_p99_s"))  # fmt: skip
+    worker_s, raw_ms = worker_latency(_accounting(k, prefix), prefix + "telemetry.raw")
+    warm_worker = worker_s[raw_ms >= raw_ms.min() + warmup * 1000] if len(raw_ms) else worker_s
+    what = "per raw record, its append to its accounting record's append: what the worker adds"
+    fresh.add(f"{label}_worker_p50_s", _p(worker_s, 0.5), "s", note=what)
+    fresh.add(f"{label}_worker_p99_s", _p(worker_s, 0.99), "s", note=what)
+    later = f"the same, raw records appended {warmup:g} s or more after the first"
+    fresh.add(f"{label}_worker_warm_p99_s", _p(warm_worker, 0.99), "s", note=later)
 
 
 def bench_pipeline(

@@ -58,6 +58,8 @@ FIGURES = {
         "worker_alone_refined_p99_s",
         "worker_alone_spread_refined_p99_s",  # (0.2 s lockstep and 0.5 s spread: not smoke)
         "worker_alone_spread_refined_warm_p99_s",
+        "worker_alone_worker_p99_s",  # raw append → accounting append: what the worker adds
+        "worker_alone_spread_worker_p99_s",
     ],
     "lake": [
         "landing_to_write_table_ratio",

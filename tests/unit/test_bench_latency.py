@@ -11,6 +11,7 @@ from services.bench.latency import (
     _half_load_nodes,
     once_warm,
     samples_per_node_s,
+    worker_latency,
 )
 
 
@@ -38,3 +39,27 @@ def test_once_warm_keeps_the_samples_stamped_from_the_warm_up_on_in_any_order() 
     assert once_warm(lat, ts, 10.0).tolist() == [0.1, 0.2]
     assert once_warm(lat, ts, 0.0).tolist() == lat.tolist()
     assert once_warm(lat[:0], ts[:0], 10.0).size == 0
+
+
+def _acc(topic: str, part: int, off: int, append_ms: int) -> dict[str, object]:
+    return {"raw_topic": topic, "raw_partition": part, "raw_offset": off, "append_ms": append_ms}
+
+
+def test_worker_latency_is_raw_append_to_accounting_append_once_per_raw_record() -> None:
+    docs = [
+        (_acc("p.telemetry.raw", 0, 5, 1_000), 1_250),
+        (_acc("p.telemetry.raw", 1, 5, 1_100), 1_900),
+        # a replay of (0, 5) after a restart, accounted again later: the first one counts
+        (_acc("p.telemetry.raw", 0, 5, 1_000), 9_000),
+        # another input topic's records are not the raw topic's
+        (_acc("p.telemetry.events", 0, 5, 1_000), 5_000),
+    ]
+    seconds, raw_ms = worker_latency(docs, "p.telemetry.raw")
+    pairs = sorted(zip(raw_ms.tolist(), seconds.tolist(), strict=True))
+    assert pairs == [(1_000, 0.25), (1_100, 0.8)]
+    # a replay that lands before the first copy (partitions read out of order) still counts
+    # the earliest append
+    seconds, _ = worker_latency(list(reversed(docs)), "p.telemetry.raw")
+    assert sorted(seconds.tolist()) == [0.25, 0.8]
+    empty, none = worker_latency([], "p.telemetry.raw")
+    assert empty.size == 0 and none.size == 0
