@@ -18,10 +18,11 @@ rack/pod, and the job holding the node.
 
 Time rule: a node's topology only changes at *boundaries* (every ``valid_from``/``valid_to``
 of its entities, the switches' and its jobs' start/end). Resolutions are cached per (node,
-interval between boundaries, device). A batch (≈ 1 s) almost never contains a boundary, so
-it is resolved once per distinct device and broadcast; when one does fall inside the batch,
-the rows are split at the boundary and each row gets the version valid at its own ``ts``,
-so the result is exact either way.
+interval between boundaries, join key: the device's GPU, or NIC and port, or the node for
+every other device). A batch (≈ 1 s) almost never contains a boundary, so it is resolved
+once per distinct device and broadcast; when one does fall inside the batch, each row takes
+the version valid at its own ``ts`` (one take over the versions' rows), so the result is
+exact either way.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from functools import lru_cache
 from operator import itemgetter
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -58,6 +60,7 @@ ENRICH_SCHEMA = pa.schema(
     ]
 )
 _NAMES = ENRICH_SCHEMA.names
+_NO_ROWS = ENRICH_SCHEMA.empty_table()  # tables are immutable: one for every new interval
 _ROW_VALUES = itemgetter(*_NAMES)  # a row's values in schema order
 Row = dict[str, Any]
 
@@ -106,6 +109,23 @@ def classify_device(device: str) -> tuple[str, str, str | None]:
     return "other", device, None
 
 
+def join_key(device: str) -> tuple[str, str | None, str | None]:
+    """What a device's enrichment depends on: its GPU, or its NIC and port, or nothing (every
+    other device of a node joins the node alone)."""
+    kind, base, port = classify_device(device)
+    return (kind, None, None) if kind == "other" else (kind, base, port)
+
+
+@dataclass
+class _NodeRows:
+    """A node's resolved rows in one interval between its boundaries."""
+
+    key_row: dict[tuple[str, str | None, str | None], int]  # join key → row
+    rows: list[Row]
+    device_row: dict[str, int]  # device → row
+    table: pa.Table  # the rows as ENRICH_SCHEMA columns
+
+
 class TopologyIndex:
     """Versioned topology and job placement, answering vectorized joins per batch."""
 
@@ -138,12 +158,12 @@ class TopologyIndex:
                     bounds_node[node].add(j.end_ns)
         self._bounds = {n: sorted(b | bounds_fabric) for n, b in bounds_node.items()}
         self._fabric_bounds = sorted(bounds_fabric)
-        self._cache: OrderedDict[tuple[str, int], tuple[dict[str, Row], pa.Table]] = OrderedDict()
+        self._cache: OrderedDict[tuple[str, int], _NodeRows] = OrderedDict()
         self._cache_size = cache_size
         self._last: dict[tuple[str, int], tuple[int, Array, pa.Table]] = {}  # (node, rows)
         self._spines: dict[int, dict[str, str]] = {}  # fabric version → leaf → spine
         self._views: dict[tuple[str, int], _NodeView] = {}  # (node, interval) → its entities
-        self.resolutions = 0  # (node, interval, device) resolutions done: cache misses
+        self.resolutions = 0  # (node, interval, join key) resolutions done: cache misses
 
     # --- per-row resolution (cached; runs once per node, interval, device) -----------------
 
@@ -271,40 +291,40 @@ class TopologyIndex:
 
     # --- vectorized batch join --------------------------------------------------------------
 
-    def _table(self, node: str, t: int, devices: list[str]) -> pa.Table:
+    def _rows(self, node: str, t: int, devices: list[str]) -> tuple[pa.Table, np.ndarray]:
+        """The enrichment valid at ``t`` of the node's distinct rows (ENRICH_SCHEMA), and for
+        each of ``devices`` the index of its row. A row depends only on the device's
+        :func:`join_key`, so ``mlx5_0/1`` and ``mlx5_0/1/prio3`` share one and every
+        non-fabric device shares one: resolved once per (node, interval, key), the table
+        rebuilt only when a key is new (a node's first batches)."""
         bounds = self._bounds.get(node, self._fabric_bounds)
         key = (node, bisect.bisect_right(bounds, t))
         hit = self._cache.get(key)
-        rows = hit[0] if hit else {}
-        missing = [d for d in devices if d not in rows]
-        if hit is not None and not missing:
+        if hit is None:
+            hit = self._cache[key] = _NodeRows({}, [], {}, _NO_ROWS)
+        else:
             self._cache.move_to_end(key)
-            return hit[1]
-        rows = dict(rows)
-        # a device that is neither a GPU nor a NIC port (a host's CPUs, disks, ...: most of a
-        # node's devices) joins the node alone, the same row for all of them: resolved once
-        # per call; the rows are never changed once made, so they may share it
-        other: Row | None = None
-        for d in missing:
-            if classify_device(d)[0] != "other":
-                rows[d] = self.resolve(node, d, t)
-            else:
-                if other is None:
-                    other = self.resolve(node, d, t)
-                rows[d] = other
-        self.resolutions += len(missing)
-        names = list(rows)
-        # the rows' values field by field: one transpose in C instead of a lookup per cell
-        values = list(zip(*map(_ROW_VALUES, rows.values()), strict=True)) or [()] * len(_NAMES)
-        cols = {"device": pa.array(names, pa.string())}
-        for f, vals in zip(ENRICH_SCHEMA, values, strict=True):
-            cols[f.name] = pa.array(vals, f.type)
-        table = pa.table(cols)
-        self._cache[key] = (rows, table)
-        self._cache.move_to_end(key)
-        while len(self._cache) > self._cache_size:
-            self._cache.popitem(last=False)
-        return table
+        at = hit.device_row
+        missing = [d for d in devices if d not in at]
+        if missing:
+            for d in missing:
+                k = join_key(d)
+                i = hit.key_row.get(k)
+                if i is None:
+                    i = hit.key_row[k] = len(hit.rows)
+                    hit.rows.append(self.resolve(node, d, t))
+                    self.resolutions += 1
+                at[d] = i
+            if len(hit.rows) != hit.table.num_rows:
+                # the rows' values field by field: one transpose in C, a lookup per cell saved
+                values = list(zip(*map(_ROW_VALUES, hit.rows), strict=True))
+                hit.table = pa.table(
+                    [pa.array(v, f.type) for f, v in zip(ENRICH_SCHEMA, values, strict=True)],
+                    schema=ENRICH_SCHEMA,
+                )
+            while len(self._cache) > self._cache_size:
+                self._cache.popitem(last=False)
+        return hit.table, np.fromiter((at[d] for d in devices), np.int64, len(devices))
 
     def enrich(
         self, node: str, device: Array, ts: Array, span: tuple[int, int] | None = None
@@ -327,24 +347,25 @@ class TopologyIndex:
         last = self._last.get(slot)
         if not inside and last is not None and last[0] == epoch and last[1].equals(device):
             return last[2]  # same devices in the same version as this source's previous batch
-        devices = pc.unique(device).to_pylist()
-        table = self._table(node, lo, devices)
-        out = table.take(pc.index_in(device, value_set=table.column("device"))).drop_columns(
-            ["device"]
-        )
+        distinct = pc.unique(device)
+        devices = distinct.to_pylist()
+        pos = pc.index_in(device, value_set=distinct).to_numpy(zero_copy_only=False)
+        table, rows = self._rows(node, lo, devices)
+        idx = rows[pos]
+        if inside:  # rows at or after a boundary take the version that starts there
+            later = np.searchsorted(inside, ts.to_numpy(zero_copy_only=False), side="right")
+            tables = [table]
+            base = table.num_rows
+            for k, b in enumerate(inside, 1):
+                nxt, nxt_rows = self._rows(node, b, devices)
+                sel = later == k
+                idx[sel] = base + nxt_rows[pos[sel]]
+                tables.append(nxt)
+                base += nxt.num_rows
+            table = pa.concat_tables(tables).combine_chunks()
+        out = table.take(pa.array(idx))
         if not inside:
             if len(self._last) >= self._cache_size:
                 self._last.clear()
             self._last[slot] = (epoch, device, out)
-        for b in inside:  # rows at or after a boundary take the next version
-            later = pc.greater_equal(ts, b)
-            nxt_t = self._table(node, b, devices)
-            alt = nxt_t.take(pc.index_in(device, value_set=nxt_t.column("device")))
-            out = pa.table(
-                {
-                    f.name: pc.if_else(later, alt.column(f.name), out.column(f.name))
-                    for f in ENRICH_SCHEMA
-                },
-                schema=ENRICH_SCHEMA,
-            )
         return out

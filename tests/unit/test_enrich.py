@@ -109,3 +109,22 @@ def test_batch_rows_equal_each_device_resolved_alone() -> None:
         alone = TopologyIndex(ENTS, JOBS)
         want = [alone.resolve(node, d, t) for d in devs] * 3
         assert got == want, (node, t)
+
+
+def test_a_batch_across_several_versions_gives_each_row_its_own() -> None:
+    # rows in no order of time, across every boundary of n1 (links, jobs), many devices: each
+    # row is what resolving its own device at its own ts gives
+    devs = ["cpu0", "gpu0", "mlx5_0/1", "mlx5_0/1/prio3", "gpu7", "mlx5_1/1", "nvme0"]
+    ts = [7 * T - 1, T, 2 * T, 4 * T + 3, 2 * T - 1, 3 * T, 5 * T, 6 * T + 5, T + 1]
+    rows = [(d, t) for d in devs for t in ts]
+    got = enrich("n1", [d for d, _ in rows], [t for _, t in rows])
+    alone = TopologyIndex(ENTS, JOBS)
+    assert got == [alone.resolve("n1", d, t) for d, t in rows]
+
+
+def test_a_port_and_its_priorities_share_one_resolution() -> None:
+    idx = TopologyIndex(ENTS, JOBS)
+    devs = pa.array(["mlx5_0/1", "mlx5_0/1/prio3", "mlx5_0/1/prio0", "cpu0", "nvme0", "mem"])
+    out = idx.enrich("n1", devs, pa.array([T] * len(devs), pa.int64())).to_pylist()
+    assert idx.resolutions == 2  # the port, and the node for every non-fabric device
+    assert out[0] == out[1] == out[2] and out[3] == out[4] == out[5]
