@@ -165,7 +165,7 @@ class TopologyIndex:
         self._views: dict[tuple[str, int], _NodeView] = {}  # (node, interval) → its entities
         self.resolutions = 0  # (node, interval, join key) resolutions done: cache misses
 
-    # --- per-row resolution (cached; runs once per node, interval, device) -----------------
+    # --- per-row resolution (cached; runs once per node, interval, join key) ---------------
 
     def _view(self, node: str, t: int) -> _NodeView | None:
         """The node's entities valid at ``t`` (None: the topology has no such node), built

@@ -40,6 +40,7 @@ from typing import Any
 
 import numpy as np
 
+from services.bench.accuracy import read_json_topic
 from services.bench.figures import BenchResult
 from services.bench.harness import BenchKafka, S, percentile, records, sim_topics
 from services.simulate.cluster import Cluster
@@ -169,15 +170,6 @@ def worker_latency(
     return (at - raw).astype(np.float64) / 1000, raw
 
 
-def _accounting(k: BenchKafka, prefix: str) -> list[tuple[dict[str, Any], int]]:
-    from services.bench.harness import end_count
-
-    topic = prefix + "telemetry.accounting"
-    n = end_count(k.conf, topic)
-    return [(json.loads(m.value()), m.timestamp()[1])
-            for m in records(k.conf, topic, lambda c: c >= n, 120)]  # fmt: skip
-
-
 def once_warm(latency_s: np.ndarray, ts_ns: np.ndarray, warmup_s: float) -> np.ndarray:
     """The latencies of the samples stamped ``warmup_s`` or more after the first sample
     (``ts_ns``: each sample's stamp, in the order of ``latency_s``)."""
@@ -300,8 +292,11 @@ def bench_worker_freshness(
               note="newest sample per record")  # fmt: skip
     fresh.add(f"{label}_refined_warm_p99_s", _p(warm, 0.99), "s", "<=", 1.0,
               note=_warm_note(warmup, f"{label}_refined_p99_s"))  # fmt: skip
-    worker_s, raw_ms = worker_latency(_accounting(k, prefix), prefix + "telemetry.raw")
-    warm_worker = worker_s[raw_ms >= raw_ms.min() + warmup * 1000] if len(raw_ms) else worker_s
+    accounting = read_json_topic(k, prefix + "telemetry.accounting")
+    worker_s, raw_ms = worker_latency(
+        [(d, ns // 1_000_000) for d, ns in accounting], prefix + "telemetry.raw"
+    )
+    warm_worker = once_warm(worker_s, raw_ms * 1_000_000, warmup)
     what = "per raw record, its append to its accounting record's append: what the worker adds"
     fresh.add(f"{label}_worker_p50_s", _p(worker_s, 0.5), "s", note=what)
     fresh.add(f"{label}_worker_p99_s", _p(worker_s, 0.99), "s", note=what)
