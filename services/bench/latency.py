@@ -21,8 +21,11 @@ sized to about half the worker's measured maximum rate. Then:
 worker alone (and the broker): the setting of the freshness goal, where detect and the lander
 do not take the same two cores; and once more with exporters that publish every 0.2 s instead
 of every second (``worker_alone_200ms_*``, GPU and NIC series still at 10 Hz, the others
-sampled at each publish), at the same samples/s: what the per-sample figure is once the
-exporter's own batching no longer holds samples back for up to 0.9 s. In these runs every
+sampled at each publish): what the per-sample figure is once the exporter's own batching no
+longer holds samples back for up to 0.9 s. Smaller records cost the worker more per sample
+(its maximum at 0.2 s records is about half that at 1 s), so each cadence runs at half the
+worker's maximum measured on a backlog of that cadence (``*_max_samples_per_s``), not at
+half the 1 s maximum, which would load a 0.2 s run to its limit. In these runs every
 node publishes within a few ms of the others (lockstep), so the worker meets one burst per
 interval and the last record of a burst waits for all before it. ``worker_alone_spread_*``
 gives each node a phase of its own, as exporters started at unrelated moments run, every 1 s

@@ -56,10 +56,12 @@ FIGURES = {
         "duckdb_p99_s",
         "load_vs_worker_max",
         "worker_alone_refined_p99_s",
-        "worker_alone_spread_refined_p99_s",  # (0.2 s lockstep and 0.5 s spread: not smoke)
+        "worker_alone_spread_refined_p99_s",  # (0.5 s spread: not smoke)
         "worker_alone_spread_refined_warm_p99_s",
         "worker_alone_worker_p99_s",  # raw append → accounting append: what the worker adds
         "worker_alone_spread_worker_p99_s",
+        "worker_alone_200ms_max_samples_per_s",  # the worker's maximum at 0.2 s records
+        "worker_alone_200ms_refined_p99_s",  # at half that maximum
     ],
     "lake": [
         "landing_to_write_table_ratio",
