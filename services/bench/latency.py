@@ -34,7 +34,6 @@ and every 0.5 s.
 
 from __future__ import annotations
 
-import json
 import math
 import threading
 import time
@@ -192,18 +191,6 @@ def _warmup_s(seconds: int) -> float:
     """How much of a run's start the *once warm* figure leaves out: 10 s, a third of a
     short run."""
     return min(10.0, seconds / 3)
-
-
-def _alerts(k: BenchKafka, prefix: str) -> list[tuple[dict[str, Any], int]]:
-    """Every alert record on the alerts topic with its LogAppendTime (ns)."""
-    topic = prefix + "telemetry.alerts"
-    from services.bench.harness import end_count
-
-    n = end_count(k.conf, topic)
-    return [
-        (json.loads(m.value()), m.timestamp()[1] * 1_000_000)
-        for m in records(k.conf, topic, lambda c: c >= n, 60)
-    ]
 
 
 def _match(i: Incident, a: dict[str, Any]) -> bool:
@@ -405,7 +392,7 @@ def bench_pipeline(
         }
     )
 
-    alerts = _alerts(k, prefix)
+    alerts = read_json_topic(k, prefix + "telemetry.alerts", 60)
     rows: list[dict[str, Any]] = []
     for inc in sim.incidents:
         hits = [t for a, t in alerts if _match(inc, a)]
