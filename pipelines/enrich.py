@@ -134,7 +134,11 @@ class TopologyIndex:
         entities: Iterable[TopologyEntity],
         jobs: Iterable[JobPlacement] = (),
         cache_size: int = 4096,
+        previous: TopologyIndex | None = None,
     ) -> None:
+        """``previous``: the index this one replaces (the topology or jobs changed). Its
+        resolved rows, views and joins of every node whose entities, jobs and boundaries are
+        the same here are kept (see :meth:`_carry`)."""
         self._by_node: dict[str, list[TopologyEntity]] = defaultdict(list)
         self._fabric: list[TopologyEntity] = []  # switches and switch-to-switch links
         self._jobs: dict[str, list[_NodeJob]] = defaultdict(list)
@@ -164,6 +168,39 @@ class TopologyIndex:
         self._spines: dict[int, dict[str, str]] = {}  # fabric version → leaf → spine
         self._views: dict[tuple[str, int], _NodeView] = {}  # (node, interval) → its entities
         self.resolutions = 0  # (node, interval, join key) resolutions done: cache misses
+        self.carried_nodes = 0  # nodes whose cached joins came from ``previous``
+        if previous is not None:
+            self._carry(previous)
+
+    def _carry(self, prev: TopologyIndex) -> None:
+        """Take over ``prev``'s cached rows, views and last joins of the nodes this index
+        resolves exactly as ``prev`` did: a row depends only on the node's entities, its jobs,
+        its boundaries and the fabric (switches and their links), so when the fabric is the
+        same, a node whose three are equal keeps its cache. A job starting or ending then
+        re-resolves the nodes it runs on, not every node. Lists compare element by element
+        with an identity shortcut: the feed hands over the same record objects for keys that
+        did not change, so the comparison is cheap where nothing changed."""
+        if prev._fabric != self._fabric or prev._fabric_bounds != self._fabric_bounds:
+            return
+        self._spines = prev._spines  # keyed by fabric version: the same fabric
+        same: dict[str, bool] = {}
+
+        def kept(node: str) -> bool:
+            ok = same.get(node)
+            if ok is None:
+                ok = same[node] = (
+                    prev._by_node.get(node) == self._by_node.get(node)
+                    and prev._jobs.get(node) == self._jobs.get(node)
+                    and prev._bounds.get(node) == self._bounds.get(node)
+                )
+            return ok
+
+        for key, rows in prev._cache.items():
+            if kept(key[0]):
+                self._cache[key] = rows
+        self._views = {k: v for k, v in prev._views.items() if kept(k[0])}
+        self._last = {k: v for k, v in prev._last.items() if kept(k[0])}
+        self.carried_nodes = sum(same.values())
 
     # --- per-row resolution (cached; runs once per node, interval, join key) ---------------
 

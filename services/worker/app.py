@@ -234,7 +234,8 @@ def build_app(
     def topology() -> TopologyIndex:
         if feed.version != index_cache["version"]:
             version, entities, jobs = feed.snapshot()
-            index_cache["index"] = TopologyIndex(entities, jobs)
+            # the nodes the change did not touch keep their resolved joins
+            index_cache["index"] = TopologyIndex(entities, jobs, previous=index_cache["index"])
             index_cache["version"] = version
         index: TopologyIndex = index_cache["index"]
         return index

@@ -128,3 +128,61 @@ def test_a_port_and_its_priorities_share_one_resolution() -> None:
     out = idx.enrich("n1", devs, pa.array([T] * len(devs), pa.int64())).to_pylist()
     assert idx.resolutions == 2  # the port, and the node for every non-fabric device
     assert out[0] == out[1] == out[2] and out[3] == out[4] == out[5]
+
+
+N3 = [
+    ent("node:n3", EntityKind.NODE, node="n3", rack="r3"),
+    ent("n3:gpu0", EntityKind.GPU, node="n3", device="gpu0", nvlink_domain="nvl-b"),
+]  # fmt: skip
+J3 = JobPlacement(job="j3", start_ns=0, nodes=["n3"],
+                  ranks=[RankPlacement(rank=0, node="n3", gpu="gpu0")])  # fmt: skip
+DEVS = ["gpu0", "mlx5_0/1", "mlx5_1/1", "cpu0"]
+
+
+def _joins(idx: TopologyIndex, node: str) -> list[dict[str, object]]:
+    devs = pa.array(DEVS * 2)
+    ts = pa.array([T] * len(DEVS) + [4 * T] * len(DEVS), pa.int64())
+    rows: list[dict[str, object]] = idx.enrich(node, devs, ts).to_pylist()
+    return rows
+
+
+def test_a_job_change_re_resolves_only_the_nodes_it_runs_on() -> None:
+    # the worker builds a new index whenever the topology or jobs topic changes; a job that
+    # starts on n3 must not cost every node its joins, and n3 must see the job
+    ents = ENTS + N3
+    old = TopologyIndex(ents, JOBS)
+    before = {n: _joins(old, n) for n in ("n1", "n3")}
+    assert {r["job"] for r in before["n3"]} == {None}
+    new = TopologyIndex(ents, [*JOBS, J3], previous=old)
+    fresh = TopologyIndex(ents, [*JOBS, J3])
+    for n in ("n1", "n3"):
+        assert _joins(new, n) == _joins(fresh, n), n
+    assert new.carried_nodes == 1  # n1; n3's jobs changed
+    assert _joins(new, "n1") == before["n1"]
+    assert _joins(new, "n3")[0]["job"] == "j3" and _joins(new, "n3")[0]["rank"] == 0
+    # only n3's rows were resolved again: as many as a fresh index needs for n3 alone
+    alone = TopologyIndex(ents, [*JOBS, J3])
+    _joins(alone, "n3")
+    assert new.resolutions == alone.resolutions > 0
+
+
+def test_a_node_or_fabric_change_re_resolves_what_it_touches() -> None:
+    ents = ENTS + N3
+    old = TopologyIndex(ents, JOBS)
+    for n in ("n1", "n3"):
+        _joins(old, n)
+    # n3's GPU moves to another NVLink domain: n1 keeps its joins, n3 sees the change
+    moved = [*ENTS, N3[0], ent("n3:gpu0", EntityKind.GPU, node="n3", device="gpu0",
+                               nvlink_domain="nvl-c")]  # fmt: skip
+    new = TopologyIndex(moved, JOBS, previous=old)
+    assert new.carried_nodes == 1
+    assert _joins(new, "n3")[0]["nvlink_domain"] == "nvl-c"
+    assert _joins(new, "n1") == _joins(TopologyIndex(moved, JOBS), "n1")
+    # leaf1's uplink changes: every node's spine may change, nothing is carried
+    spined = [ent("leaf1", EntityKind.SWITCH, device="leaf1", role="leaf", peer="spine2")
+              if e.id == "leaf1" else e for e in ents]  # fmt: skip
+    again = TopologyIndex(spined, JOBS, previous=old)
+    assert again.carried_nodes == 0
+    spines = {r["spine"] for r in _joins(again, "n1")}
+    assert "spine2" in spines and "spine1" not in spines
+    assert _joins(again, "n1") == _joins(TopologyIndex(spined, JOBS), "n1")
