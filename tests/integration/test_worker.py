@@ -25,6 +25,7 @@ from schemas.records import refined_lineage
 from schemas.wire import SAMPLES_SCHEMA, Envelope, SourceId
 from services.demo.procs import group_lag
 from tests.integration.worker_helpers import (
+    WorkerProc,
     accounting,
     committed,
     fresh_topics,
@@ -232,3 +233,73 @@ def test_a_group_whose_outputs_fail_is_never_committed(
         positions = {(int(a["raw_partition"]), int(a["raw_offset"])) for a in acc}  # type: ignore[call-overload]
         assert len(positions) == len(items), w2.tail()
         assert w2.stop(signal.SIGTERM) == 0, w2.tail()
+
+
+def test_a_job_published_mid_run_joins_the_samples_after_its_start(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    # the worker rebuilds its join index when the jobs topic changes; the nodes the job does
+    # not run on keep their joins, the node it runs on sees it from its start on
+    from confluent_kafka import Consumer, TopicPartition
+
+    from schemas.records import EntityKind, JobPlacement, TopologyEntity
+
+    prefix = fresh_topics(kafka_bootstrap)
+    raw = prefix + "telemetry.raw"
+    p = Producer({"bootstrap.servers": kafka_bootstrap})
+    for node, rack in (("n1", "r1"), ("n2", "r2")):
+        e = TopologyEntity(id=f"node:{node}", kind=EntityKind.NODE, node=node, rack=rack)
+        p.produce(prefix + "topology", e.model_dump_json().encode(), key=e.id.encode())
+    assert p.flush(30) == 0
+    S = 1_000_000_000
+    now = time.time_ns()
+    start = now - 10 * S
+    seqs = {"n1": 0, "n2": 0}
+
+    def publish(t0: int) -> None:
+        items: list[tuple[bytes, bytes, str | None]] = []
+        for node in ("n1", "n2"):
+            ct, body = encode(*batch(node, seqs[node], t0, n=4), ARROW)
+            seqs[node] += 1
+            items.append((node.encode(), body, ct))
+        produce(kafka_bootstrap, raw, items)
+
+    c = Consumer({"bootstrap.servers": kafka_bootstrap, "group.id": f"{prefix}read",
+                  "auto.offset.reset": "earliest", "enable.auto.commit": False})  # fmt: skip
+    md = c.list_topics(prefix + "telemetry.refined", timeout=10)
+    parts = md.topics[prefix + "telemetry.refined"].partitions
+    c.assign([TopicPartition(prefix + "telemetry.refined", q, 0) for q in parts])
+    rows: list[dict[str, object]] = []
+
+    def read(want: int, why: str, w: WorkerProc) -> None:
+        """Read refined rows until there are ``want``."""
+        deadline = time.monotonic() + 60
+        while len(rows) < want:
+            assert time.monotonic() < deadline, f"{why}: {w.tail()}"
+            for m in c.consume(100, 0.5):
+                if m.error() is None and m.value():
+                    rows.extend(pa.ipc.open_stream(m.value()).read_all().to_pylist())
+
+    try:
+        with running_worker(kafka_bootstrap, prefix, tmp_path) as w:
+            publish(now - 20 * S)  # before the job
+            read(8, "the first batches refined", w)
+            job = JobPlacement(job="j1", start_ns=start, nodes=["n1"])
+            p.produce(prefix + "jobs", job.model_dump_json().encode(), key=b"j1")
+            assert p.flush(30) == 0
+            # samples after its start, until the worker has read the job (its feed polls)
+            k = 0
+            while not any(r["job"] == "j1" for r in rows):
+                publish(now - 5 * S + k)
+                k += 1
+                read(len(rows) + 8, "batches after the job's start", w)
+            assert w.stop(signal.SIGTERM) == 0, w.tail()
+    finally:
+        c.close()
+    before = [r for r in rows if int(r["ts"]) < start]  # type: ignore[call-overload]
+    assert {(r["node"], r["rack"], r["job"]) for r in before} == {("n1", "r1", None),
+                                                                  ("n2", "r2", None)}  # fmt: skip
+    after = [r for r in rows if int(r["ts"]) >= start]  # type: ignore[call-overload]
+    last = after[-8:]  # the last round: the worker had the job
+    assert {(r["node"], r["rack"], r["job"]) for r in last} == {("n1", "r1", "j1"),
+                                                                ("n2", "r2", None)}  # fmt: skip
