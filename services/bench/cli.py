@@ -248,7 +248,7 @@ def _plan(
             for interval, substeps, label, spread, wanted in runs:
                 if not wanted:
                     continue
-                if (interval, substeps) not in own_max:  # unmeasured 1 s: the floor load
+                if (interval, substeps) not in own_max:  # measured first; none: the floor load
                     own_max[interval, substeps] = (
                         cadence_rate(interval, substeps) if rate is not None else None
                     )

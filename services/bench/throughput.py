@@ -156,8 +156,8 @@ def bench_worker_throughput(
     in-process refine over it; without ``compare``, the worker alone (its maximum rate at
     this cadence). Blocks; raises RuntimeError if the worker dies or stalls."""
     r = BenchResult("worker_throughput")
-    per_tick = _samples_per_second(nodes, interval_ns, substeps)
-    ticks = max(1, math.ceil(samples / per_tick))
+    per_s = _samples_per_second(nodes, interval_ns, substeps)
+    ticks = max(1, math.ceil(samples / per_s))
     # The backlog is simulated as the last ``ticks`` seconds before now and each record is
     # stamped with its simulated arrival (CreateTime), as a real backlog is stamped on append:
     # the worker's clock estimates and time joins then see what they would see catching up.
@@ -167,7 +167,7 @@ def bench_worker_throughput(
     start = time.time_ns() - (ticks + 5) * S
     sim = Simulation(Cluster.build(nodes), None, start_ns=start, duration_ns=ticks * S,
                      interval_ns=interval_ns, substeps=substeps)  # fmt: skip
-    k.say(f"  preloading {ticks} s of {nodes} nodes (~{ticks * per_tick:,} samples)")
+    k.say(f"  preloading {ticks} s of {nodes} nodes (~{ticks * per_s:,} samples)")
     rep = publish(sim, k.kafka, topics, None, speed=0, progress_cb=None, stamp_due=True)
     if rep.unacked:
         raise RuntimeError(f"{rep.unacked} messages were not acknowledged while preloading")
