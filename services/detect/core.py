@@ -107,6 +107,7 @@ class DetectCore:
         self._next: dict[int, int] = {}  # refined partition -> next offset to read
         self._latest: dict[int, int] = {}  # refined partition -> newest aligned ts read
         self._topology_version = -1
+        self._index: TopologyIndex | None = None
         self.stats = {"alerts": 0, "episodes": 0, "rollups": 0, "records": 0, "warmup": 0}
 
     def begin(self, spans: list[Span], keep: Iterable[int] = ()) -> None:
@@ -128,7 +129,9 @@ class DetectCore:
             return
         version, entities, jobs = feed.snapshot()
         self._topology_version = version
-        self.detector.set_topology(TopologyIndex(entities, jobs))
+        # the nodes the change did not touch keep their resolved joins
+        self._index = TopologyIndex(entities, jobs, previous=self._index)
+        self.detector.set_topology(self._index)
         self.detector.set_jobs(jobs)
 
     def route(self, topic: str, partition: int, offset: int, value: bytes, now: int) -> Emitted:
