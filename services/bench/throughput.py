@@ -25,8 +25,9 @@ from services.bench.harness import (
     sim_topics,
 )
 from services.bench.instructions import GROUP
+from services.bench.latency import samples_per_node_s
 from services.simulate.cluster import Cluster
-from services.simulate.engine import Simulation, Stream
+from services.simulate.engine import Simulation
 from services.simulate.publish import publish
 from services.worker.refiner import OutputTopics, RawRecord, Refiner
 
@@ -41,13 +42,6 @@ class Ceiling:
     seconds: float
     cpu_s: float
     kept: list[RawRecord]
-
-
-def _samples_per_second(nodes: int, interval_ns: int = S, substeps: int = 10) -> int:
-    """Raw samples the simulator publishes in one second of ``nodes`` at this cadence."""
-    sim = Simulation(Cluster.build(nodes), None, start_ns=1_700_000_000 * S, duration_ns=S,
-                     interval_ns=interval_ns, substeps=substeps)  # fmt: skip
-    return sum(m.samples for t in sim.ticks() for m in t.messages if m.stream is Stream.RAW)
 
 
 def read_ceiling(k: BenchKafka, topic: str, expect: int, timeout: float) -> Ceiling:
@@ -156,7 +150,7 @@ def bench_worker_throughput(
     in-process refine over it; without ``compare``, the worker alone (its maximum rate at
     this cadence). Blocks; raises RuntimeError if the worker dies or stalls."""
     r = BenchResult("worker_throughput")
-    per_s = _samples_per_second(nodes, interval_ns, substeps)
+    per_s = round(nodes * samples_per_node_s(interval_ns, substeps))
     ticks = max(1, math.ceil(samples / per_s))
     # The backlog is simulated as the last ``ticks`` seconds before now and each record is
     # stamped with its simulated arrival (CreateTime), as a real backlog is stamped on append:
