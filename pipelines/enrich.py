@@ -137,8 +137,8 @@ class TopologyIndex:
         previous: TopologyIndex | None = None,
     ) -> None:
         """``previous``: the index this one replaces (the topology or jobs changed). Its
-        resolved rows, views and joins of every node whose entities, jobs and boundaries are
-        the same here are kept (see :meth:`_carry`)."""
+        resolved rows, views and joins of every node whose entities and jobs are the same
+        here are kept (see :meth:`_carry`)."""
         self._by_node: dict[str, list[TopologyEntity]] = defaultdict(list)
         self._fabric: list[TopologyEntity] = []  # switches and switch-to-switch links
         self._jobs: dict[str, list[_NodeJob]] = defaultdict(list)
@@ -174,12 +174,13 @@ class TopologyIndex:
 
     def _carry(self, prev: TopologyIndex) -> None:
         """Take over ``prev``'s cached rows, views and last joins of the nodes this index
-        resolves exactly as ``prev`` did: a row depends only on the node's entities, its jobs,
-        its boundaries and the fabric (switches and their links), so when the fabric is the
-        same, a node whose three are equal keeps its cache. A job starting or ending then
-        re-resolves the nodes it runs on, not every node. Lists compare element by element
-        with an identity shortcut: the feed hands over the same record objects for keys that
-        did not change, so the comparison is cheap where nothing changed."""
+        resolves exactly as ``prev`` did: a row depends only on the node's entities, its jobs
+        and the fabric (switches and their links; the node's boundaries come from these three),
+        so when the fabric is the same, a node whose entities and jobs are equal keeps its
+        cache. A job starting or ending then re-resolves the nodes it runs on, not every node.
+        Lists compare element by element with an identity shortcut: the feed hands over the
+        same record objects for keys that did not change, so the comparison is cheap where
+        nothing changed."""
         if prev._fabric != self._fabric or prev._fabric_bounds != self._fabric_bounds:
             return
         self._spines = prev._spines  # keyed by fabric version: the same fabric
@@ -188,11 +189,8 @@ class TopologyIndex:
         def kept(node: str) -> bool:
             ok = same.get(node)
             if ok is None:
-                ok = same[node] = (
-                    prev._by_node.get(node) == self._by_node.get(node)
-                    and prev._jobs.get(node) == self._jobs.get(node)
-                    and prev._bounds.get(node) == self._bounds.get(node)
-                )
+                ents, jobs = self._by_node.get(node), self._jobs.get(node)
+                ok = same[node] = prev._by_node.get(node) == ents and prev._jobs.get(node) == jobs
             return ok
 
         for key, rows in prev._cache.items():
