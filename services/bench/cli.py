@@ -236,13 +236,15 @@ def _plan(
             out.append(fresh)
             # the worker alone: (publish interval, GPU/NIC samples each, label, phases
             # spread); all nodes at once every 1 s and every 0.2 s, then each node at a phase
-            # of its own every 1 s and every 0.5 s (GPU/NIC always at 10 Hz). Each cadence
-            # runs at half the worker's maximum measured at that cadence.
+            # of its own every 1 s and every 0.5 s (GPU/NIC at 10 Hz), and every 1 s with one
+            # reading per series (each exporter sends what it just read, as `refinery export
+            # node` does). Each cadence runs at half the worker's maximum measured at it.
             runs = [
                 (S, 10, "worker_alone", False, True),
                 (S // 5, 2, "worker_alone_200ms", False, True),
                 (S, 10, "worker_alone_spread", True, True),
                 (S // 2, 5, "worker_alone_spread_500ms", True, sizes.all_intervals),
+                (S, 1, "worker_alone_scrape_1s", True, sizes.all_intervals),
             ]
             own_max: dict[tuple[int, int], float | None] = {(S, 10): rate}
             for interval, substeps, label, spread, wanted in runs:
@@ -256,7 +258,8 @@ def _plan(
                 if (interval, substeps) != (S, 10) and cadence is not None:
                     fresh.add(f"{label}_max_samples_per_s", cadence, "samples/s",
                               note=f"the worker's steady rate on a backlog published every "
-                              f"{interval / S:g}s: half of it is this run's load")  # fmt: skip
+                              f"{interval / S:g}s, {substeps} GPU/NIC readings a series each: "
+                              "half of it is this run's load")  # fmt: skip
                 bench_worker_freshness(
                     k, cadence, sizes.pipeline_s, fresh, interval, substeps, label, spread
                 )

@@ -29,7 +29,9 @@ half the 1 s maximum, which would load a 0.2 s run to its limit. In these runs e
 node publishes within a few ms of the others (lockstep), so the worker meets one burst per
 interval and the last record of a burst waits for all before it. ``worker_alone_spread_*``
 gives each node a phase of its own, as exporters started at unrelated moments run, every 1 s
-and every 0.5 s.
+and every 0.5 s. ``worker_alone_scrape_1s_*`` publishes every 1 s at spread phases with one
+reading per series, sent within ms of being read, as ``refinery export node`` scrapes and
+sends: the per-sample figure then holds no exporter batching, only the pipeline.
 """
 
 from __future__ import annotations
@@ -273,8 +275,9 @@ def bench_worker_freshness(
     busy = (box1 - box0) / wall if box0 is not None and box1 is not None else float("nan")
     own = (cpu1 - cpu0) / wall if cpu0 is not None and cpu1 is not None else float("nan")
     phases = "phases spread" if spread else "in lockstep"
-    note = (f"worker alone, {nodes} nodes publishing every {interval_ns / S:g}s {phases}; "
-            f"machine {busy:.2f} cores, worker {own:.2f}")  # fmt: skip
+    note = (f"worker alone, {nodes} nodes publishing every {interval_ns / S:g}s {phases}, "
+            f"{substeps} GPU/NIC readings a series each; machine {busy:.2f} cores, "
+            f"worker {own:.2f}")  # fmt: skip
     fresh.add(f"{label}_publish_samples_per_s", rep.samples_per_s, "samples/s", note=note)
     fresh.add(f"{label}_refined_p99_s", _p(per_sample, 0.99), "s", "<=", 1.0,
               note="per sample")  # fmt: skip
