@@ -83,6 +83,11 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--json", metavar="FILE", help="write the results as JSON to FILE")
     p.add_argument(
+        "--render",
+        metavar="FILE",
+        help="run nothing: print the docs/performance.md page for the JSON of an earlier run",
+    )
+    p.add_argument(
         "--only", metavar="NAME,...", help=f"run only these benchmarks ({', '.join(BENCHMARKS)})"
     )
     p.add_argument(
@@ -113,6 +118,15 @@ def run(args: argparse.Namespace, settings: RefinerySettings) -> int:
     from services.bench.harness import BenchKafka
     from services.bench.machine import run_facts
 
+    if args.render:
+        from services.bench.doc import BenchDocError, load, render
+
+        try:
+            print(render(load(Path(args.render))), end="")
+        except BenchDocError as e:
+            _say(f"refinery bench: {e}")
+            return 2
+        return 0
     names = _selected(args.only)
     mode = "smoke" if args.smoke else "quick" if args.quick else "full"
     sizes = Sizes.of(mode)
