@@ -187,11 +187,33 @@ def _envelope(doc: Any) -> Envelope:
             Reason.UNSUPPORTED_SCHEMA_VERSION, f"schema_version {version!r} is not supported"
         )
     try:
-        return Envelope.model_validate(doc)
+        env = Envelope.model_validate(doc)
     except ValidationError as e:
         err = e.errors()[0]
         loc = ".".join(str(p) for p in err["loc"])
         raise RejectedInput(Reason.BAD_ENVELOPE, f"{loc}: {err['msg']}") from e
+    return _in_range(env)
+
+
+_INT64 = (-(2**63), 2**63 - 1)
+
+
+def _in_range(env: Envelope) -> Envelope:
+    """``env`` if each of its integers fits an int64, as every column and state blob that
+    holds it does; a larger one (JSON has no bound) would pass validation and fail far later,
+    in refining or in a checkpoint."""
+    lo, hi = _INT64
+    fields: list[tuple[str, int | None]] = [
+        ("seq", env.seq),
+        ("sent_ns", env.sent_ns),
+        ("interval_ns", env.interval_ns),
+    ]
+    if env.clock is not None:  # every integer of the block, whatever fields it grows
+        fields += [(f"clock.{k}", v) for k, v in vars(env.clock).items() if type(v) is int]
+    for name, v in fields:
+        if v is not None and not lo <= v <= hi:
+            raise RejectedInput(Reason.VALUE_OUT_OF_RANGE, f"{name}: {v} is outside int64")
+    return env
 
 
 _PLANS: _BySchema[list[tuple[str, Any, bool, bool]]] = _BySchema()
@@ -348,7 +370,7 @@ def _envelope_bytes(raw_env: bytes | None) -> Envelope:
     try:
         env = Envelope.model_validate_json(raw_env, strict=True)
         if env.schema_version in SUPPORTED_SCHEMA_VERSIONS:
-            return env
+            return _in_range(env)
     except ValidationError:
         pass
     try:

@@ -18,6 +18,7 @@ class Reason(StrEnum):
     BAD_ENVELOPE = "bad_envelope"  # envelope missing fields or of the wrong type
     UNSUPPORTED_SCHEMA_VERSION = "unsupported_schema_version"
     SCHEMA_MISMATCH = "schema_mismatch"  # sample columns missing or of the wrong type
+    VALUE_OUT_OF_RANGE = "value_out_of_range"  # an envelope integer past int64 (seq, sent_ns)
     # single sample
     UNKNOWN_METRIC = "unknown_metric"  # metric not in the catalog
     BAD_DEVICE = "bad_device"  # empty or over-long device string
@@ -25,6 +26,9 @@ class Reason(StrEnum):
     OUT_OF_RANGE = "out_of_range"  # outside the catalog's valid range
     TIMESTAMP_OUT_OF_WINDOW = "timestamp_out_of_window"  # ts_ns not within a sane window
     WRONG_KIND = "wrong_kind"  # e.g. a counter without a raw value, or a negative counter
+    # whole record, found after it decoded
+    OUTPUT_TOO_LARGE = "output_too_large"  # its refined rows exceed an output message's limit
+    REFINE_FAILED = "refine_failed"  # refining it raised (the exception's class in the detail)
 
 
 class NullReason(StrEnum):
@@ -44,5 +48,10 @@ RECORD_REASONS: frozenset[Reason] = frozenset(
         Reason.BAD_ENVELOPE,
         Reason.UNSUPPORTED_SCHEMA_VERSION,
         Reason.SCHEMA_MISMATCH,
+        Reason.VALUE_OUT_OF_RANGE,
     }
 )
+
+# Whole-record reasons the refiner gives a record that decoded: no malformed body makes them,
+# they follow from what refining or publishing that one record did.
+REFINER_REASONS: frozenset[Reason] = frozenset({Reason.OUTPUT_TOO_LARGE, Reason.REFINE_FAILED})

@@ -45,7 +45,7 @@ from typing import Any
 import numpy as np
 
 from schemas.errors import ConfigError
-from schemas.reasons import Reason
+from schemas.reasons import REFINER_REASONS, Reason
 from services.simulate.cluster import Cluster
 
 S = 1_000_000_000
@@ -349,8 +349,8 @@ def malformed_reasons(spec: FaultSpec) -> list[Reason]:
     if not spec.on(FaultKind.MALFORMED):
         return []
     sel = spec.param(FaultKind.MALFORMED, "reasons")
-    if sel is None:
-        return list(Reason)
+    if sel is None:  # every reason a malformed record can carry
+        return [r for r in Reason if r not in REFINER_REASONS]
     try:
         chosen = {Reason(r.strip()) for r in sel.split("|") if r.strip()}
     except ValueError as e:

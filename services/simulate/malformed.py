@@ -15,11 +15,11 @@ import numpy as np
 import pyarrow as pa
 
 from schemas.codec import ARROW, ENVELOPE_KEY, MAX_ROWS, encode
-from schemas.reasons import RECORD_REASONS, Reason
+from schemas.reasons import RECORD_REASONS, REFINER_REASONS, Reason
 from schemas.wire import SAMPLES_SCHEMA, Envelope
 
 S = 1_000_000_000
-SAMPLE_REASONS = tuple(r for r in Reason if r not in RECORD_REASONS)
+SAMPLE_REASONS = tuple(r for r in Reason if r not in RECORD_REASONS | REFINER_REASONS)
 
 
 def _ipc(table: pa.Table, meta: dict[bytes, bytes] | None, compress: bool = False) -> bytes:
@@ -68,6 +68,9 @@ def record(reason: Reason, envelope: Envelope, ts_ns: int) -> tuple[str, bytes, 
         return ARROW, _ipc(big, meta, compress=True), n
     if reason is Reason.BAD_ENVELOPE:
         env_doc["seq"] = -1
+        return ARROW, _ipc(table, {ENVELOPE_KEY: json.dumps(env_doc).encode()}), table.num_rows
+    if reason is Reason.VALUE_OUT_OF_RANGE:
+        env_doc["seq"] = 2**63
         return ARROW, _ipc(table, {ENVELOPE_KEY: json.dumps(env_doc).encode()}), table.num_rows
     if reason is Reason.UNSUPPORTED_SCHEMA_VERSION:
         env_doc["schema_version"] = 99
