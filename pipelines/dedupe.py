@@ -2,18 +2,27 @@
 
 **Transport duplicates.** A batch is identified by its source key
 ``node|exporter|instance|boot_id`` and ``seq``. :class:`SeqWindow` (one per source key) keeps
-a high-water mark and, for the last ``window`` seqs, the Kafka position ``(partition,
-offset)`` where each was first seen. :meth:`SeqWindow.observe` answers:
+every seq it has seen as a set of runs (contiguous seqs collapse into one ``[lo, hi]`` run, so
+a source that delivers in order costs one run however long it lives), a high-water mark,
+and, for the last ``window`` seqs below the mark, the Kafka position ``(partition, offset)``
+where each was first seen. :meth:`SeqWindow.observe` answers:
 
-- ``new``: never seen (also a seq that fills a gap below the high-water mark);
+- ``new``: never seen, however late or out of order it comes (a seq that fills a gap, a
+  batch an exporter re-queued behind newer ones after an outage);
 - ``replay``: seen before *at the same position*: the same record reprocessed after a crash
-  or rebalance; it is refined again (sinks are idempotent by lineage);
+  or rebalance;
 - ``duplicate``: seen before at a *different* position (producer retry, double publish);
-- ``stale``: at or below ``hwm - window``, where nothing is remembered; treated as a
-  duplicate. Seqs are monotonic per source and boot, so a seq that far behind is a resend of
-  an old batch (an exporter replaying its spool), not a first delivery.
+- ``stale``: seen before, so long ago (at or below ``hwm - window``) that its position is
+  no longer kept; treated as a duplicate.
 
-Memory per source is bounded by ``window`` entries.
+Bounds, per source key: at most ``2 * window - 1`` positions; runs only for the gaps between
+seen seqs, at most ``max_runs`` of them. A source whose seqs leave more gaps than that (lost
+batches that never come) has its oldest gap filled, as if those seqs had been seen: a first
+delivery of one of them after that is counted a duplicate. Every seq so given up is counted
+in :attr:`SeqWindow.forgotten` (kept with the state and reported by the worker), never
+silently. At a few hundred bytes a gap, the default 4096 gaps is ~0.2 MB a source at most;
+a gap is a batch its exporter never delivered, which the raw topic's retention would lose
+anyway long before thousands of them pile up in one source.
 
 **Overlapping sources.** The same series ``(node, device, metric)`` and the same ``ts_ns``
 from two sources: the first seen wins, the later copy is counted as a duplicate.
@@ -28,6 +37,7 @@ direction) rather than risking a distinct reading.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -54,25 +64,43 @@ class SeqOutcome(StrEnum):
 
 @dataclass
 class SeqWindow:
-    """Seen seqs of one source key: a high-water mark plus the first-seen position of each
-    of the last ``window`` seqs."""
+    """Seen seqs of one source key: the runs of every seq seen, a high-water mark and the
+    first-seen position of each of the last ``window`` seqs."""
 
     window: int = 4096
     hwm: int = -1
     positions: dict[int, Position] = field(default_factory=dict)
+    # every seq seen: disjoint, non-adjacent runs [lo[i], hi[i]] in ascending order
+    lo: list[int] = field(default_factory=list)
+    hi: list[int] = field(default_factory=list)
+    max_runs: int = 4096
+    forgotten: int = 0  # seqs never seen but given up as seen when gaps exceeded max_runs
     # :meth:`packed`'s cache: entries come at the dict's end and leave from its front, so a
     # checkpoint packs only the new ones
     _pack: PackedRows = field(
         default_factory=lambda: PackedRows(3), init=False, repr=False, compare=False
     )
 
+    def __post_init__(self) -> None:
+        if not self.lo and self.positions:  # built from positions alone: they are seen
+            for s in sorted(self.positions):
+                self._add(s)
+
     def observe(self, seq: int, position: Position) -> SeqOutcome:
-        """Classify ``seq`` arriving at ``position`` and remember it if new. O(1) amortized."""
-        if seq <= self.hwm - self.window:
-            return SeqOutcome.STALE
+        """Classify ``seq`` arriving at ``position`` and remember it if new. O(1) for a seq
+        next to the newest run, O(log runs) otherwise (plus a list insert for a new gap)."""
         first = self.positions.get(seq)
         if first is not None:
             return SeqOutcome.REPLAY if first == tuple(position) else SeqOutcome.DUPLICATE
+        hi = self.hi
+        if hi and seq == hi[-1] + 1:  # the common case: the next seq in order
+            hi[-1] = seq
+        elif self.seen(seq):
+            return SeqOutcome.STALE if seq <= self.hwm - self.window else SeqOutcome.DUPLICATE
+        else:
+            self._add(seq)
+        if seq <= self.hwm - self.window:  # a first delivery that came this late: no position
+            return SeqOutcome.NEW
         where = (int(position[0]), int(position[1]))
         self.positions[seq] = where
         self._pack.append((seq, *where))
@@ -81,13 +109,63 @@ class SeqWindow:
             self._prune()
         return SeqOutcome.NEW
 
+    def seen(self, seq: int) -> bool:
+        i = bisect_right(self.lo, seq) - 1
+        return i >= 0 and seq <= self.hi[i]
+
+    @property
+    def runs(self) -> list[tuple[int, int]]:
+        return list(zip(self.lo, self.hi, strict=True))
+
+    def _add(self, seq: int) -> None:
+        """Add an unseen ``seq`` to the runs, joining its neighbours."""
+        lo, hi = self.lo, self.hi
+        i = bisect_right(lo, seq)  # runs before i start at or below seq
+        left = i > 0 and hi[i - 1] == seq - 1
+        right = i < len(lo) and lo[i] == seq + 1
+        if left and right:
+            hi[i - 1] = hi[i]
+            del lo[i], hi[i]
+        elif left:
+            hi[i - 1] = seq
+        elif right:
+            lo[i] = seq
+        else:
+            lo.insert(i, seq)
+            hi.insert(i, seq)
+            while len(lo) > self.max_runs:  # fill the oldest gap: counted, never silent
+                self.forgotten += lo[1] - hi[0] - 1
+                hi[0] = hi[1]
+                del lo[1], hi[1]
+
+    def discard(self, seq: int, hwm: int) -> None:
+        """Undo the :meth:`observe` that made ``seq`` new (its record was not refined after
+        all); ``hwm``: the mark before it."""
+        if self.positions.pop(seq, None) is not None:
+            self._pack.invalidate()
+        self.hwm = hwm
+        i = bisect_right(self.lo, seq) - 1
+        if i < 0 or seq > self.hi[i]:
+            return
+        lo, hi = self.lo, self.hi
+        if lo[i] == hi[i]:
+            del lo[i], hi[i]
+        elif seq == lo[i]:
+            lo[i] = seq + 1
+        elif seq == hi[i]:
+            hi[i] = seq - 1
+        else:
+            lo.insert(i + 1, seq + 1)
+            hi.insert(i + 1, hi[i])
+            hi[i] = seq - 1
+
     def _prune(self) -> None:
-        """Forget the seqs at the front of the dict that fell out of the window. Seqs arrive
-        nearly in order, so the oldest sit at the front; one that came late may stay behind a
-        newer one, but never more than ``2 * window - 1`` entries remain: the first entry
-        ``f`` left is in the window (``f > hwm - window``), and every entry after it came
-        when the mark was at least ``f``, so above ``f - window`` (older ones are stale):
-        all are distinct seqs in ``(f - window, f + window)``."""
+        """Forget the positions at the front of the dict that fell out of the window. Seqs
+        arrive nearly in order, so the oldest sit at the front; one that came late may stay
+        behind a newer one, but never more than ``2 * window - 1`` entries remain: the first
+        entry ``f`` left is in the window (``f > hwm - window``), and every entry after it
+        came when the mark was at least ``f``, so above ``f - window`` (older ones get no
+        position): all are distinct seqs in ``(f - window, f + window)``."""
         floor = self.hwm - self.window
         pos = self.positions
         while pos:
@@ -108,20 +186,42 @@ class SeqWindow:
             raise OverflowError("a seq or position past int64")
         return packed
 
-    def to_dict(self) -> dict[str, Any]:
+    def meta(self) -> dict[str, Any]:
+        """Everything but the positions, as JSON values (the runs as ``[lo, hi]`` pairs)."""
         return {
             "window": self.window,
             "hwm": self.hwm,
-            "positions": [[s, p[0], p[1]] for s, p in self.positions.items()],
+            "runs": [[a, b] for a, b in zip(self.lo, self.hi, strict=True)],
+            "forgotten": self.forgotten,
         }
 
     @classmethod
+    def restore(cls, meta: dict[str, Any], positions: dict[int, Position]) -> SeqWindow:
+        """The window :meth:`meta` and the positions describe. State written before runs were
+        kept has none: every seq at or below ``hwm - window`` counted as seen then (a
+        ``stale`` duplicate), and still does."""
+        w = cls(window=int(meta["window"]), hwm=int(meta["hwm"]))
+        w.positions = positions
+        if "runs" in meta:
+            w.lo = [int(a) for a, _ in meta["runs"]]
+            w.hi = [int(b) for _, b in meta["runs"]]
+            w.forgotten = int(meta.get("forgotten", 0))
+            return w
+        floor = w.hwm - w.window
+        if floor >= 0:
+            w.lo, w.hi = [0], [floor]
+        for s in sorted(positions):
+            if not w.seen(s):
+                w._add(s)
+        return w
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.meta(), "positions": [[s, p[0], p[1]] for s, p in self.positions.items()]}
+
+    @classmethod
     def from_dict(cls, doc: dict[str, Any]) -> SeqWindow:
-        return cls(
-            window=int(doc["window"]),
-            hwm=int(doc["hwm"]),
-            positions={int(s): (int(p), int(o)) for s, p, o in doc["positions"]},
-        )
+        positions = {int(s): (int(p), int(o)) for s, p, o in doc["positions"]}
+        return cls.restore(doc, positions)
 
 
 POINTS_SCHEMA = pa.schema(

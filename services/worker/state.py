@@ -9,7 +9,9 @@ Frame: ``b"RST1" | u32 meta_len | meta JSON | u32 len | part`` and more parts, e
 length. A stream's parts: counters (Arrow IPC), the seq window packed as int64 triples (seq,
 partition, offset) when its meta gives their count (older blobs: an Arrow IPC table), and the
 clock window's points packed as int64 pairs when its meta gives their count (older blobs keep
-them in the meta JSON). Both older forms still decode.
+them in the meta JSON). The seq window's runs of seen seqs are in its meta (older blobs have
+none: every seq at or below ``hwm - window`` then counts as seen, as it did). Older forms all
+still decode.
 """
 
 from __future__ import annotations
@@ -83,14 +85,14 @@ class StreamState:
 
     def encode(self) -> bytes:
         seqs_ipc = _NO_SEQS
-        seq_meta: dict[str, int] | None = None
+        seq_meta: dict[str, Any] | None = None
         if self.seqs is not None:
             # packed as int64 triples (seq, partition, offset), by the window itself: only
             # the entries added since its last checkpoint are packed
             packed = self.seqs.packed()
             n = len(packed) // 24
             seqs_ipc = [packed]
-            seq_meta = {"window": self.seqs.window, "hwm": self.seqs.hwm, "packed": n}
+            seq_meta = {**self.seqs.meta(), "packed": n}
         clock, points = self.clock.to_parts() if self.clock is not None else (None, None)
         meta = {
             "boot_id": self.boot_id,
@@ -121,10 +123,9 @@ class StreamState:
             else:  # written as an Arrow table
                 st = _read_ipc(parts[1])
                 cols = [st.column(c).to_pylist() for c in ("seq", "partition", "offset")]
-            seqs = SeqWindow(
-                window=int(meta["seqs"]["window"]),
-                hwm=int(meta["seqs"]["hwm"]),
-                positions={int(s): (int(p), int(o)) for s, p, o in zip(*cols, strict=True)},
+            seqs = SeqWindow.restore(
+                meta["seqs"],
+                {int(s): (int(p), int(o)) for s, p, o in zip(*cols, strict=True)},
             )
         clock = (
             ClockEstimator.from_dict(

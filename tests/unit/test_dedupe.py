@@ -203,3 +203,86 @@ def test_property_a_known_layout_generation_changes_no_result(
         assert plain.sources.keys() == fast.sources.keys()
         for s in plain.sources:
             assert plain.sources[s].equals(fast.sources[s]), s
+
+
+# -- identity, not window position -------------------------------------------------------------
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.integers(0, 3000), min_size=1, max_size=300, unique=True),
+    st.lists(st.integers(0, 299), max_size=200),
+    st.randoms(use_true_random=False),
+    st.integers(1, 32),
+)
+def test_property_any_delivery_order_makes_each_seq_new_exactly_once(
+    seqs: list[int], resend: list[int], rng: random.Random, window: int
+) -> None:
+    """Deliveries of distinct seqs plus re-sends of some of them, in any order and however
+    far behind the high-water mark: each seq is NEW exactly once, every other delivery of
+    it a duplicate (a re-send) or a replay (the same position again)."""
+    deliveries = [(s, i) for i, s in enumerate(seqs)]
+    deliveries += [(seqs[r % len(seqs)], 10_000 + k) for k, r in enumerate(resend)]
+    rng.shuffle(deliveries)
+    w = SeqWindow(window=window)
+    new: dict[int, int] = {}
+    for s, offset in deliveries:
+        out = w.observe(s, (0, offset))
+        if out is SeqOutcome.NEW:
+            new[s] = new.get(s, 0) + 1
+        else:
+            assert out.is_duplicate, (s, out)
+        assert len(w.positions) < 2 * window
+    assert new == dict.fromkeys(seqs, 1)
+    assert len(w.lo) == len(w.hi) <= len(seqs) and w.forgotten == 0
+    assert all(a <= b < c - 1 for a, b, c in zip(w.lo, w.hi, w.lo[1:], strict=False))
+
+
+def test_a_first_delivery_far_behind_the_mark_is_new() -> None:
+    """An exporter re-queues a timed-out batch behind thousands of newer ones: still new."""
+    w = SeqWindow(window=512)
+    for s in range(10_000):
+        if s != 17:
+            assert w.observe(s, (0, s)) is SeqOutcome.NEW
+    assert w.runs == [(0, 16), (18, 9_999)]
+    assert w.observe(17, (1, 5)) is SeqOutcome.NEW
+    assert w.runs == [(0, 9_999)]
+    assert w.observe(17, (1, 6)) is SeqOutcome.STALE  # its re-send: a duplicate
+    assert len(w.positions) <= 512
+
+
+def test_gaps_past_max_runs_are_given_up_counted() -> None:
+    w = SeqWindow(window=8, max_runs=4)
+    for s in range(0, 20, 2):  # every other seq lost: a gap after each
+        w.observe(s, (0, s))
+    assert len(w.lo) == 4
+    assert w.forgotten == 6  # seqs 1, 3, ..., 11 given up as seen
+    assert w.observe(1, (0, 99)).is_duplicate
+    assert w.observe(17, (0, 99)) is SeqOutcome.NEW  # a gap still kept
+
+
+def test_discard_undoes_a_new_seq() -> None:
+    w = SeqWindow(window=8)
+    for s in (1, 2, 3):
+        w.observe(s, (0, s))
+    before = w.hwm
+    assert w.observe(4, (0, 4)) is SeqOutcome.NEW
+    w.discard(4, before)
+    assert w.observe(4, (0, 4)) is SeqOutcome.NEW  # not a replay: it was never refined
+    w.discard(2, w.hwm)
+    assert w.runs == [(1, 1), (3, 4)] and 2 not in w.positions
+    assert w.observe(2, (0, 2)) is SeqOutcome.NEW
+    assert w.packed() == b"".join(struct.pack("<3q", s, *p) for s, p in w.positions.items())
+
+
+def test_runs_round_trip_and_older_state_counts_below_the_window_as_seen() -> None:
+    w = SeqWindow(window=4)
+    for s in (0, 1, 2, 5, 9):
+        w.observe(s, (0, s))
+    back = SeqWindow.from_dict(w.to_dict())
+    assert (back.runs, back.positions, back.hwm) == (w.runs, w.positions, w.hwm)
+    # written before runs were kept: the window's positions and hwm only
+    old = SeqWindow.restore({"window": 4, "hwm": 9}, {6: (0, 6), 9: (0, 9)})
+    assert old.runs == [(0, 6), (9, 9)]
+    assert old.observe(3, (0, 3)) is SeqOutcome.STALE  # as the older worker judged it
+    assert old.observe(7, (0, 7)) is SeqOutcome.NEW
