@@ -72,6 +72,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import math
 import struct
 from collections import deque
 from dataclasses import dataclass, field, replace
@@ -83,6 +84,7 @@ import pyarrow.compute as pc
 
 from pipelines._arrow import Array
 from pipelines._packed import PackedRows
+from pipelines.clock_bounds import DRIFT_PPM, drift_rate, exchanges_of, hard_interval
 from schemas.wire import ClockBlock
 
 
@@ -123,6 +125,17 @@ class ClockEstimate:
     # "delay_trend" (a slope no oscillator has), "bend" (a trend that began in the window),
     # "step_down" (a step down that may be a delay episode); None: not widened so
     widened: str | None = None
+    # what the bound rests on: "exchange" (the source's exchanges with the broker: holds by
+    # construction, see pipelines.clock_bounds), "assumed" (the minimum-delay model above),
+    # "create_time" (the record carried no broker append time and the source no exchanges:
+    # the last estimate, not moved by this record)
+    basis: str = "assumed"
+    # how fast the bound grows away from ``anchor_ns`` (per ns of |ts_source - anchor|)
+    error_rate: float = 0.0
+
+    def error_at(self, t_source_ns: int) -> int:
+        """The bound at source time ``t_source_ns``."""
+        return self.error_ns + math.ceil(self.error_rate * abs(t_source_ns - self.anchor_ns))
 
     def offset_at(self, t_source_ns: int) -> int:
         return self.offset_ns + round(self.drift_ppm * 1e-6 * (t_source_ns - self.anchor_ns))
@@ -169,10 +182,19 @@ class ClockEstimator:
     )
 
     def observe(
-        self, sent_ns: int, arrival_ns: int, clock: ClockBlock | None = None
+        self, sent_ns: int, arrival_ns: int | None, clock: ClockBlock | None = None
     ) -> ClockEstimate:
-        """Add one (source send time, broker append time) pair; returns the new estimate.
-        O(window) Python work per call, once per batch."""
+        """Add one (source send time, broker append time) pair; returns the new estimate,
+        bounded by the clock block's exchanges when it carries any (see :func:`bounded`).
+        ``arrival_ns`` None: the record's timestamp is no append time (a CreateTime topic);
+        it adds no point. O(window) Python work per call, once per batch."""
+        if arrival_ns is None:
+            est = bounded(self.last, int(sent_ns), clock, self.settings.plausible_drift_ppm)
+            return est if est.basis == "exchange" else replace(est, basis="create_time")
+        self.last = self._observe(sent_ns, arrival_ns, clock)
+        return bounded(self.last, int(sent_ns), clock, self.settings.plausible_drift_ppm)
+
+    def _observe(self, sent_ns: int, arrival_ns: int, clock: ClockBlock | None) -> ClockEstimate:
         s = self.settings
         x, y = int(sent_ns), int(sent_ns) - int(arrival_ns)
         step = False
@@ -212,12 +234,12 @@ class ClockEstimator:
         while len(self.points) > s.window:
             self._drop_first(self.points.popleft())
         self.since_step += 1
-        self.last = self._estimate(x, step, clock)
+        est = self._estimate(x, step, clock)
         if suspect:
             # Either a long delay (the line is right) or the clock stepped back by up to
             # ``suspect`` (not confirmed yet): the bound must cover both until we know.
-            self.last = replace(self.last, error_ns=max(self.last.error_ns, suspect))
-        return self.last
+            est = replace(est, error_ns=max(est.error_ns, suspect))
+        return est
 
     def estimate(self) -> ClockEstimate:
         return self.last
@@ -512,6 +534,37 @@ def _hull_push(hull: list[tuple[int, int]], p: tuple[int, int]) -> None:
     hull.append(p)
 
 
+def bounded(
+    est: ClockEstimate, x: int, clock: ClockBlock | None, drift_ppm: float = DRIFT_PPM
+) -> ClockEstimate:
+    """``est`` held to the hard interval the clock block's exchanges give at source time
+    ``x`` (:func:`pipelines.clock_bounds.hard_interval`): the offset is the model's, moved
+    into the interval when outside it; the bound is its distance to the interval's farther
+    end, growing by ``|drift| + drift_ppm`` per ns away from ``x``. The model tightens
+    the point within the interval, never the bound beyond it. ``est`` as it is without
+    exchanges."""
+    if clock is None or not clock.exchanges:
+        return est
+    hard = hard_interval(exchanges_of(clock.exchanges), x, drift_ppm)
+    if hard is None:
+        return est
+    lo, hi, _ = hard
+    offset = est.offset_at(x) if est is not UNKNOWN else (lo + hi) // 2
+    offset = min(max(offset, lo), hi)
+    drift = min(max(est.drift_ppm, -drift_ppm), drift_ppm)
+    return replace(
+        est,
+        offset_ns=offset,
+        anchor_ns=x,
+        drift_ppm=drift,
+        # +1: the offset applied to a row is rounded to the ns
+        error_ns=max(offset - lo, hi - offset) + 1,
+        widened=None,
+        basis="exchange",
+        error_rate=abs(drift) * 1e-6 + drift_rate(drift_ppm),
+    )
+
+
 def align(ts_source: Array, estimate: ClockEstimate) -> tuple[Array, Array, int]:
     """Aligned timestamps for one batch: ``ts = ts_source - offset(ts_source)``, vectorized.
 
@@ -525,3 +578,11 @@ def align(ts_source: Array, estimate: ClockEstimate) -> tuple[Array, Array, int]
         corr = pc.round(pc.multiply(dt, estimate.drift_ppm * 1e-6))
         off = pc.add(pc.cast(corr, pa.int64()), estimate.offset_ns)
     return pc.subtract(ts, off), off, estimate.error_ns
+
+
+def row_errors(ts_source: Array, anchor: Array, error: Array, rate: Array) -> Array:
+    """Each row's bound: ``error + ceil(rate x |ts_source - anchor|)`` (int64), the per-row
+    values of one or more estimates (:meth:`ClockEstimate.error_at`, vectorized)."""
+    dt = pc.cast(pc.abs(pc.subtract(pc.cast(ts_source, pa.int64()), anchor)), pa.float64())
+    grow = pc.cast(pc.ceil(pc.multiply(dt, rate)), pa.int64())
+    return pc.add(error, grow)

@@ -17,6 +17,7 @@ Encodings (header ``content-type``) are in :mod:`schemas.codec`.
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import Annotated
 
 import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field
@@ -26,6 +27,7 @@ SUPPORTED_SCHEMA_VERSIONS = frozenset({1})
 
 # Bounds on strings in the envelope; samples have their own in pipelines.validate.
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:@+-]{0,127}$"
+Int64 = Annotated[int, Field(ge=-(2**63), le=2**63 - 1)]
 
 
 class PayloadKind(StrEnum):
@@ -41,9 +43,14 @@ class SyncState(StrEnum):
 
 
 class ClockBlock(BaseModel):
-    """The source's own view of its clock (chrony ``tracking`` or a PTP servo)."""
+    """The source's own view of its clock (chrony ``tracking`` or a PTP servo), and its
+    producer's recent exchanges with the broker.
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    Additive: fields added to it in later versions are ignored by this one (a block that
+    names a field it does not know is not rejected), so exporters may be upgraded after the
+    workers without their batches being dead-lettered."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
 
     source: str = Field(max_length=32, description="chrony, ptp4l, phc2sys, bmc, none")
     offset_ns: int | None = Field(
@@ -53,6 +60,17 @@ class ClockBlock(BaseModel):
     state: SyncState = SyncState.UNKNOWN
     stratum: int | None = Field(default=None, ge=0, le=16)
     reference: str | None = Field(default=None, max_length=128)
+    exchanges: list[tuple[Int64, Int64, Int64, Int64]] | None = Field(
+        default=None,
+        max_length=8,
+        description=(
+            "recent acknowledged records of the source's producer on a LogAppendTime topic: "
+            "[send ns (source clock, before produce), broker append time ms (the partition "
+            "leader's clock, from the delivery report), ack ns (source clock, when the "
+            "report arrived), partition]; they bound the offset source - broker to "
+            "[send - append - 1 ms, ack - append] (see docs/clock.md)"
+        ),
+    )
 
 
 class SourceId(BaseModel):

@@ -1,0 +1,182 @@
+"""The bound from producer exchanges holds by construction: any delays, steps, drift up to
+±200 ppm, millisecond append times (property tests of pipelines.clock_bounds and of the
+estimator bounded by them)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pipelines.clock import ClockEstimator
+from pipelines.clock_bounds import (
+    STEP_TOL_NS,
+    Exchange,
+    ExchangeLog,
+    exchanges_of,
+    hard_interval,
+)
+from schemas.wire import ClockBlock
+
+T0 = 1_700_000_000_000_000_000
+S = 1_000_000_000
+MS = 1_000_000
+
+
+@dataclass
+class World:
+    """True time ``t``; the broker's clock is true time (its append time truncated to the
+    ms); the source's wall clock is ``t + off0 + drift x (t - T0) + steps``, its monotonic
+    clock the same oscillator without the steps."""
+
+    off0: int
+    ppm: float
+    steps: list[tuple[int, int]]  # (true time, size)
+
+    def wall(self, t: int) -> int:
+        return t + self.offset(t)
+
+    def offset(self, t: int) -> int:
+        return (
+            self.off0
+            + round(self.ppm * 1e-6 * (t - T0))
+            + sum(z for at, z in self.steps if t >= at)
+        )
+
+    def mono(self, t: int) -> int:
+        return t + round(self.ppm * 1e-6 * (t - T0))
+
+
+delays = st.one_of(
+    st.integers(0, 2 * MS),  # an idle loopback
+    st.integers(0, 30 * S),  # a loaded broker, a failover: anything
+    st.floats(0, 8).map(lambda x: int(10**x)),  # ns .. 100 ms, log-uniform
+)
+
+
+@st.composite
+def runs(draw: st.DrawFn) -> tuple[World, list[tuple[int, int, int, int]]]:
+    """A source and its sends: (true send, delay to append, delay to ack report, rows back)."""
+    off0 = draw(st.integers(-3600 * S, 3600 * S))
+    ppm = draw(st.floats(-200, 200))
+    n = draw(st.integers(2, 40))
+    gaps = draw(st.lists(st.integers(1, 5 * S), min_size=n, max_size=n))
+    sends, t = [], T0
+    for g in gaps:
+        t += g
+        sends.append((t, draw(delays), draw(delays), draw(st.integers(0, 3 * S))))
+    step_list = draw(
+        st.lists(
+            st.tuples(st.integers(T0, t), st.integers(-30 * S, 30 * S).filter(bool)),
+            max_size=3,
+        )
+    )
+    return World(off0, ppm, step_list), sends
+
+
+def _exchange(w: World, t: int, d_app: int, d_ack: int, part: int = 0) -> tuple[Exchange, int, int]:
+    app, ack = t + d_app, t + d_app + d_ack
+    return Exchange(w.wall(t), app // MS, w.wall(ack), part), w.mono(t), w.mono(ack)
+
+
+@settings(max_examples=300, deadline=None)
+@given(runs())
+def test_true_offset_inside_the_hard_interval(
+    run: tuple[World, list[tuple[int, int, int, int]]],
+) -> None:
+    w, sends = run
+    log = ExchangeLog()
+    pending: list[tuple[int, tuple[Exchange, int, int]]] = []
+    for t, d_app, d_ack, back in sends:
+        # acks that arrived before this send join the log first
+        for done in [p for p in pending if p[0] <= t]:
+            log.add(*done[1])
+            pending.remove(done)
+        log.check(w.wall(t), w.mono(t))
+        carried = log.carried()
+        # every row stamped up to ``back`` before the send, on the source's clock then
+        for t_row in (t - back, t):
+            if any(t_row < at <= t for at, _ in w.steps):
+                continue  # a row stamped before a step the exchanges after it do not know
+            hard = hard_interval(carried, w.wall(t_row))
+            if hard is not None:
+                lo, hi, _ = hard
+                assert lo <= w.offset(t_row) <= hi
+        ex = _exchange(w, t, d_app, d_ack)
+        pending.append((t + d_app + d_ack, ex))
+
+
+@settings(max_examples=200, deadline=None)
+@given(runs())
+def test_aligned_rows_inside_their_stated_bound(
+    run: tuple[World, list[tuple[int, int, int, int]]],
+) -> None:
+    """The estimator with exchanges: every aligned row is within its own error_at of the
+    truth, whatever the one-way delays the minimum-delay model sees."""
+    w, sends = run
+    log, est = ExchangeLog(), ClockEstimator()
+    pending: list[tuple[int, tuple[Exchange, int, int]]] = []
+    for t, d_app, d_ack, back in sends:
+        for done in [p for p in pending if p[0] <= t]:
+            log.add(*done[1])
+            pending.remove(done)
+        log.check(w.wall(t), w.mono(t))
+        carried = log.carried()
+        block = ClockBlock(source="none", exchanges=[tuple(e.as_list()) for e in carried])
+        e = est.observe(w.wall(t), (t + d_app) // MS * MS, block)
+        pending.append((t + d_app + d_ack, _exchange(w, t, d_app, d_ack)))
+        if e.basis != "exchange":
+            assert not carried
+            continue
+        for t_row in (t - back, t - back // 2, t):
+            if any(t_row < at <= t for at, _ in w.steps):
+                continue
+            ts_source = w.wall(t_row)
+            aligned = ts_source - e.offset_at(ts_source)
+            assert abs(aligned - t_row) <= e.error_at(ts_source)
+
+
+def test_intervals_intersect_over_time_and_a_round_trip_sets_the_width() -> None:
+    w = World(5 * MS, 150.0, [])
+    log = ExchangeLog()
+    for i in range(10):
+        t = T0 + i * S
+        assert log.add(*_exchange(w, t, 300_000, 200_000))
+    carried = log.carried()
+    assert len(carried) == 4
+    lo, hi, used = hard_interval(carried, w.wall(T0 + 10 * S)) or (0, 0, 0)
+    assert used == 4
+    assert lo <= w.offset(T0 + 10 * S) <= hi
+    # 0.5 ms round trip + 1 ms of append resolution + drift (1 s, both sides) and step tolerance
+    assert hi - lo <= 1_500_000 + 2 * STEP_TOL_NS + 2 * 201 * 1_000
+
+
+def test_a_step_seen_by_the_exporter_drops_the_older_exchanges() -> None:
+    w = World(0, 0.0, [(T0 + 5 * S + 1, 2 * S)])
+    log = ExchangeLog()
+    for i in range(5):
+        log.add(*_exchange(w, T0 + i * S, 100_000, 100_000))
+    log.check(w.wall(T0 + 6 * S), w.mono(T0 + 6 * S))
+    assert log.carried() == []
+    log.add(*_exchange(w, T0 + 6 * S, 100_000, 100_000))
+    lo, hi, _ = hard_interval(log.carried(), w.wall(T0 + 7 * S)) or (0, 0, 0)
+    assert lo <= 2 * S <= hi
+
+
+def test_intervals_that_disagree_keep_the_newest() -> None:
+    old = Exchange(T0, T0 // MS + 10_000, T0 + MS, 0)  # offset -10 s then
+    new = Exchange(T0 + S, (T0 + S) // MS, T0 + S + MS, 0)  # offset ~0 now
+    lo, hi, used = hard_interval([old, new], T0 + S) or (0, 0, 0)
+    assert used == 1 and lo <= 0 <= hi
+
+
+def test_exchanges_of_leaves_out_an_ack_before_its_send() -> None:
+    assert exchanges_of([(10, 0, 5, 0), (10, 0, 20, 1)]) == [Exchange(10, 0, 20, 1)]
+
+
+def test_a_createtime_record_adds_no_point() -> None:
+    est = ClockEstimator()
+    e = est.observe(T0, None, None)
+    assert e.basis == "create_time" and e.points == 0
+    assert est.points == type(est.points)()
