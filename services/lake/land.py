@@ -4,10 +4,11 @@ One loop: ``poll`` → decode to rows (:mod:`services.lake.decode`) → accumula
 partition → on size or age, :meth:`LakeWriter.land` (durable, renamed) → commit ``last + 1``
 synchronously. Offsets are committed only after the files are visible, and on assignment each
 partition is sought to ``max(committed, landed high-water + 1)`` read from the lake, so a crash
-at any point neither loses nor duplicates a record. Refined rows whose lineage
-``(raw_partition, raw_offset)`` already landed from this source partition are replays by the
-refiner and are skipped (a refined record holds the rows of one or more raw records of one
-node).
+at any point neither loses nor duplicates a record. Rows whose identity already landed from
+this source partition — the lineage ``(raw_partition, raw_offset)`` of refined samples, events
+and collectives, a dead letter's or accounting row's raw position, an alert's or episode's
+``(id, state)``, a rollup's window — are copies their producer published again after a crash
+and are skipped (:mod:`services.lake.lineage`).
 
 Records that cannot be decoded are counted and logged (one line to stderr) and their offsets
 committed with the flush that passes them. Anything else (disk full, broker fatal error)
@@ -25,41 +26,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-import duckdb
 import pyarrow as pa
-import pyarrow.compute as pc
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from schemas.codec import content_type_of
 from schemas.errors import RejectedInput
 from services.lake.compact import Compactor
 from services.lake.decode import rows_of
+from services.lake.lineage import IDENTITIES, LineageIndex
 from services.lake.writer import CrashSeam, LakeWriter
 
 TP = tuple[str, int]
-
-
-LINEAGE_WINDOW = 50_000  # raw offsets below a raw partition's newest landed one, remembered
-
-
-class _Landed:
-    """Landed offsets of one raw partition: exact within :data:`LINEAGE_WINDOW` of the
-    highest; anything older counts as landed (a resend arrives within seconds, not hours)."""
-
-    def __init__(self) -> None:
-        self.high = -1
-        self._recent: set[int] = set()
-
-    def has(self, offset: int) -> bool:
-        return offset <= self.high - LINEAGE_WINDOW or offset in self._recent
-
-    def add(self, offset: int) -> None:
-        self._recent.add(offset)
-        if offset > self.high:
-            self.high = offset
-            if len(self._recent) > 2 * LINEAGE_WINDOW:
-                floor = self.high - LINEAGE_WINDOW
-                self._recent = {o for o in self._recent if o > floor}
 
 
 @dataclass
@@ -125,7 +102,7 @@ class LandingService:
         self.stats = LandingStats()
         self._pending: dict[TP, _Pending] = {}
         self._landed: dict[TP, int] = {}
-        self._lineage: dict[TP, dict[int, _Landed]] = {}
+        self._lineage: dict[TP, LineageIndex] = {}
         self._consumer: Any = None
         self._assigned_at: float | None = None
 
@@ -143,8 +120,10 @@ class LandingService:
             tp = (p.topic, p.partition)
             hw = self.writer.landed_high_water(ds).get(p.partition, -1)
             self._landed[tp] = hw
-            if ds == "samples":
-                self._lineage[tp] = self._lineage_high_water(p.partition)
+            spec = IDENTITIES.get(ds)
+            if spec is not None:
+                files = [str(f) for f in self.writer.live_paths(ds, p.partition)]
+                self._lineage[tp] = LineageIndex.from_files(spec, files)
             start = max(committed.get(tp, -1), hw + 1)
             self._assigned_at = time.monotonic()
             if start > 0:
@@ -155,26 +134,6 @@ class LandingService:
     def _on_revoke(self, consumer: Any, partitions: list[TopicPartition]) -> None:
         for p in partitions:  # not committed: whoever gets the partition consumes them again
             self._pending.pop((p.topic, p.partition), None)
-
-    def _lineage_high_water(self, partition: int) -> dict[int, _Landed]:
-        """The raw positions already landed in this refined partition's files: per raw
-        partition, its highest offset and every landed offset within the window below it."""
-        files = [str(p) for p in self.writer.live_paths("samples", partition)]
-        if not files:
-            return {}
-        rows = duckdb.execute(
-            """
-            WITH t AS (SELECT DISTINCT raw_partition AS rp, raw_offset AS o
-                       FROM read_parquet(?) WHERE raw_partition IS NOT NULL),
-                 m AS (SELECT rp, max(o) AS hw FROM t GROUP BY rp)
-            SELECT t.rp, t.o FROM t JOIN m USING (rp) WHERE t.o > m.hw - ?
-            """,
-            [files, LINEAGE_WINDOW],
-        ).fetchall()
-        out: dict[int, _Landed] = {}
-        for rp, off in rows:
-            out.setdefault(int(rp), _Landed()).add(int(off))
-        return out
 
     # --- the loop -------------------------------------------------------------------------
 
@@ -248,8 +207,8 @@ class LandingService:
             self.stats.rejected += 1
             print(f"land: {tp[0]}[{tp[1]}]@{offset} rejected: {e}", file=self.log)
             table = None
-        if table is not None and ds == "samples" and table.num_rows:
-            table = self._drop_replayed(tp, table)
+        if table is not None and table.num_rows and ds in IDENTITIES:
+            table = self._drop_replayed(tp, ds, table)
         pend = self._pending.setdefault(tp, _Pending(since=time.monotonic()))
         if pend.first < 0:
             pend.first, pend.since = offset, time.monotonic()
@@ -258,30 +217,14 @@ class LandingService:
             pend.tables.append(table)
             pend.rows += table.num_rows
 
-    def _drop_replayed(self, tp: TP, table: pa.Table) -> pa.Table:
-        """Rows whose raw position (partition, offset) already landed: a replay after a crash
-        or a resend. Exact positions, not a high-water mark: a record resent after a later one
-        of the same raw partition (a produce retry) still lands."""
-        seen = self._lineage.setdefault(tp, {})
-        dup_pairs = []
-        for rp, off in _positions(table):
-            if rp is None or off is None:
-                continue
-            landed = seen.setdefault(int(rp), _Landed())
-            if landed.has(int(off)):
-                dup_pairs.append((int(rp), int(off)))
-            else:
-                landed.add(int(off))
-        if not dup_pairs:
-            return table
-        keep = None
-        for rp, off in dup_pairs:
-            hit = pc.and_(
-                pc.equal(table.column("raw_partition"), rp),
-                pc.equal(table.column("raw_offset"), off),
-            )
-            keep = pc.invert(hit) if keep is None else pc.and_(keep, pc.invert(hit))
-        kept = table.filter(keep)
+    def _drop_replayed(self, tp: TP, ds: str, table: pa.Table) -> pa.Table:
+        """Rows whose identity already landed from this partition: a copy its producer
+        published again after a crash (:mod:`services.lake.lineage`). Exact identities, not a
+        high-water mark: a record resent after a later one of its stream still lands."""
+        index = self._lineage.get(tp)
+        if index is None:
+            index = self._lineage[tp] = LineageIndex(IDENTITIES[ds])
+        kept = index.drop_landed(table)
         self.stats.skipped_replayed_rows += table.num_rows - kept.num_rows
         return kept
 
@@ -302,25 +245,3 @@ class LandingService:
         self.seam.reach("after_commit")
         self._landed[tp] = pend.last
         self.stats.flushes += 1
-
-
-def _positions(table: pa.Table) -> list[tuple[int | None, int | None]]:
-    """The distinct raw positions (partition, offset) of a refined table's rows. A refined
-    record holds one node's raw records, all of one raw partition: one min/max pass settles
-    the partition, and the offsets are hashed alone (or not at all when there is one)."""
-    part, off = table.column("raw_partition"), table.column("raw_offset")
-    if part.null_count == 0 and off.null_count == 0:
-        p, o = pc.min_max(part), pc.min_max(off)
-        if p["min"] == p["max"]:
-            rp = p["min"].as_py()
-            if o["min"] == o["max"]:
-                return [(rp, o["min"].as_py())]
-            return [(rp, x) for x in pc.unique(off).to_pylist()]
-    pairs = table.group_by(["raw_partition", "raw_offset"]).aggregate([])
-    return list(
-        zip(
-            pairs.column("raw_partition").to_pylist(),
-            pairs.column("raw_offset").to_pylist(),
-            strict=True,
-        )
-    )

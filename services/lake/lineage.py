@@ -1,0 +1,205 @@
+"""What a lander has landed already, by each dataset's identity of a record: what makes
+landing exactly-once when the producer of a topic publishes a record twice.
+
+The lander's own exactly-once (file names, the landed high-water mark) covers its own
+crashes. Its inputs can repeat too: a refining worker killed after publishing and before its
+checkpoint publishes the same outputs again, a detect process restarted from its committed
+offset publishes the alerts, episodes and rollups it had published since. Such a copy is the
+same record at a new Kafka offset; the lander drops it by the record's identity:
+
+==============  ===========================  ===============================  =============
+dataset         stream                       identity within the stream       ordered by
+==============  ===========================  ===============================  =============
+samples         raw_partition                raw_offset (lineage)             raw_offset
+events          raw_partition                raw_offset (lineage)             raw_offset
+collectives     raw_partition                raw_offset (lineage)             raw_offset
+deadletter      topic, partition             offset, scope, reason            offset
+accounting      raw_topic, raw_partition     raw_offset                       raw_offset
+alerts          (one)                        id, state                        kafka_offset
+episodes        (one)                        id, state                        kafka_offset
+rollups         node, window_s               window_start                     window_start
+==============  ===========================  ===============================  =============
+
+A producer publishes every row of one identity in one message, each time it publishes it (a
+refined or aligned message holds whole raw records; a dead letter, an accounting row, an
+alert or an episode is one message; a node's closed rollup windows are one message), so an
+identity seen in an earlier message means the whole row set is a copy. Copies go to the same
+partition of the topic (the same key), so one index per source partition of the lander
+suffices, rebuilt from that partition's landed files when the lander is assigned it.
+
+Memory is bounded per stream: identities are remembered exactly within ``window`` (in units
+of the order column) below the stream's highest order. Below that, an identity ordered by a
+position (raw offsets, window starts: streams that only move forward, and whose copies come
+within seconds) counts as landed; one ordered by the lander's own offset (alerts, episodes,
+whose ids carry no order) is forgotten.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+
+import duckdb
+import pyarrow as pa
+import pyarrow.compute as pc
+
+Key = tuple[Hashable, ...]
+
+
+@dataclass(frozen=True)
+class Identity:
+    """How the rows of a dataset tell a record and its copies (see the module's table)."""
+
+    stream: tuple[str, ...]
+    ident: tuple[str, ...]
+    order: str
+    window: int
+    older_landed: bool = True
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys((*self.stream, *self.ident, self.order)))
+
+
+_LINEAGE = Identity(("raw_partition",), ("raw_offset",), "raw_offset", 50_000)
+_BY_ID = Identity((), ("id", "state"), "kafka_offset", 50_000, older_landed=False)
+
+IDENTITIES: dict[str, Identity] = {
+    "samples": _LINEAGE,
+    "events": _LINEAGE,
+    "collectives": _LINEAGE,
+    "deadletter": Identity(("topic", "partition"), ("offset", "scope", "reason"), "offset", 50_000),
+    "accounting": Identity(("raw_topic", "raw_partition"), ("raw_offset",), "raw_offset", 50_000),
+    "alerts": _BY_ID,
+    "episodes": _BY_ID,
+    "rollups": Identity(("node", "window_s"), ("window_start",), "window_start", 3_600 * 10**9),
+}
+
+
+class Landed:
+    """The identities landed from one stream: exact within ``window`` of the highest order;
+    older ones count as landed or are forgotten (``older_landed``)."""
+
+    def __init__(self, window: int, older_landed: bool = True) -> None:
+        self.window = window
+        self.older_landed = older_landed
+        self.high: int | None = None
+        self._recent: dict[Key, int] = {}
+        self._prune_at = 1024
+
+    def has(self, ident: Key, order: int) -> bool:
+        if self.older_landed and self.high is not None and order <= self.high - self.window:
+            return True
+        return ident in self._recent
+
+    def add(self, ident: Key, order: int) -> None:
+        self._recent[ident] = order
+        if self.high is None or order > self.high:
+            self.high = order
+        if len(self._recent) >= self._prune_at:  # amortized: at most twice what the window holds
+            floor = self.high - self.window
+            self._recent = {k: o for k, o in self._recent.items() if o > floor}
+            self._prune_at = max(2 * len(self._recent), 1024)
+
+
+class LineageIndex:
+    """The landed identities of one source partition of a dataset, by stream."""
+
+    def __init__(self, spec: Identity) -> None:
+        self.spec = spec
+        self.streams: dict[Key, Landed] = {}
+
+    def _stream(self, key: Key) -> Landed:
+        got = self.streams.get(key)
+        if got is None:
+            got = self.streams[key] = Landed(self.spec.window, self.spec.older_landed)
+        return got
+
+    @classmethod
+    def from_files(cls, spec: Identity, files: Sequence[str]) -> LineageIndex:
+        """The identities the landed ``files`` hold within each stream's window."""
+        index = cls(spec)
+        if not files:
+            return index
+        cols = spec.columns
+        sel = ", ".join(f'"{c}"' for c in cols)
+        over = ", ".join(f'"{c}"' for c in spec.stream)
+        window = f"PARTITION BY {over}" if over else ""
+        sql = f"""
+            SELECT {sel} FROM (
+                SELECT DISTINCT {sel} FROM read_parquet(?, union_by_name = true)
+                WHERE "{spec.order}" IS NOT NULL
+            )
+            QUALIFY "{spec.order}" > max("{spec.order}") OVER ({window}) - ?
+            ORDER BY "{spec.order}"
+        """
+        for row in duckdb.execute(sql, [list(files), spec.window]).fetchall():
+            values = dict(zip(cols, row, strict=True))
+            index.add(values)
+        return index
+
+    def add(self, values: dict[str, Hashable]) -> None:
+        stream = tuple(values[c] for c in self.spec.stream)
+        order = values[self.spec.order]
+        assert isinstance(order, int)
+        self._stream(stream).add(tuple(values[c] for c in self.spec.ident), order)
+
+    def drop_landed(self, table: pa.Table) -> pa.Table:
+        """``table`` less the rows of identities landed before (and remembers the others)."""
+        spec = self.spec
+        if any(table.schema.get_field_index(c) < 0 for c in spec.columns):
+            return table  # rows written by a producer that carries no identity: all land
+        dups: list[dict[str, Hashable]] = []
+        for values in _identities(table, spec):
+            order = values[spec.order]
+            if order is None:
+                continue
+            assert isinstance(order, int)
+            landed = self._stream(tuple(values[c] for c in spec.stream))
+            ident = tuple(values[c] for c in spec.ident)
+            if landed.has(ident, order):
+                dups.append(values)
+            else:
+                landed.add(ident, order)
+        if not dups:
+            return table
+        return table.filter(pc.invert(_rows_of(table, dups)))
+
+
+def _identities(table: pa.Table, spec: Identity) -> list[dict[str, Hashable]]:
+    """The distinct identities of ``table``'s rows, as ``{column: value}``. One stream and the
+    order as the whole identity (refined and aligned rows: one raw partition per message) is
+    settled by one min/max pass and the distinct orders (or none when there is one)."""
+    cols = spec.columns
+    if len(cols) == 2 and len(spec.stream) == 1 and spec.ident == (spec.order,):
+        part, off = table.column(spec.stream[0]), table.column(spec.order)
+        if part.null_count == 0 and off.null_count == 0 and pa.types.is_integer(part.type):
+            p, o = pc.min_max(part), pc.min_max(off)
+            if p["min"] == p["max"]:
+                rp = p["min"].as_py()
+                offs = [o["min"].as_py()] if o["min"] == o["max"] else pc.unique(off).to_pylist()
+                return [{spec.stream[0]: rp, spec.order: x} for x in offs]
+    sub = table.select(list(cols))
+    sub = pa.table([_plain(sub.column(c)) for c in cols], names=list(cols))
+    groups = sub.group_by(list(cols), use_threads=False).aggregate([])
+    got: list[dict[str, Hashable]] = groups.to_pylist()
+    return got
+
+
+def _plain(col: pa.ChunkedArray) -> pa.ChunkedArray:
+    return col.cast(col.type.value_type) if pa.types.is_dictionary(col.type) else col
+
+
+def _rows_of(table: pa.Table, idents: list[dict[str, Hashable]]) -> pa.ChunkedArray:
+    """A mask of the rows whose identity columns equal one of ``idents``."""
+    hit: pa.ChunkedArray | None = None
+    for values in idents:
+        one: pa.ChunkedArray | None = None
+        for c, v in values.items():
+            col = _plain(table.column(c))
+            eq = pc.is_null(col) if v is None else pc.fill_null(pc.equal(col, v), False)
+            one = eq if one is None else pc.and_(one, eq)
+        assert one is not None
+        hit = one if hit is None else pc.or_(hit, one)
+    assert hit is not None
+    return hit
