@@ -9,8 +9,13 @@ Device naming: ``gpuN`` is a GPU; ``mlx5_N``, ``mlx5_N/1`` (port) and ``mlx5_N/1
 from the NIC entity, leaf and leaf port from the link entity ``(node, "mlx5_N/<port>")``
 (the NIC's lowest port when the device names none), and the job/rank of its affine GPU. A
 GPU row takes NIC, NUMA and NVLink domain from the GPU entity and rail/leaf through its
-affine NIC. Spine: the leaf switch entity's ``peer``, else the lowest-named peer of the
-leaf's switch links. Anything else (``cpu12``, ``mem``, ``nvme0``) is a node-level device:
+affine NIC. A network interface's rows (``eth2``, ``eth2/prio3``, as ``ethtool -S`` names them)
+join through the node's netdev entity (``device`` ``eth2``, ``nic`` ``mlx5_2``, ``attrs.port``
+1, reported by the node exporter from sysfs) to the same NIC, port, rail and switch port as
+``mlx5_2/1``; a netdev without an RDMA device is its own NIC. When no link entity names the
+port's switch, the netdev's own ``switch``/``switch_port`` (LLDP neighbour) are used.
+Spine: the leaf switch entity's ``peer``, else the lowest-named peer of the leaf's switch
+links. Anything else (``cpu12``, ``mem``, ``nvme0``) is a node-level device:
 rack/pod, and the job holding the node.
 
 ``enrich_reason`` holds the first missing join, in this order: ``no_topology_for_node``,
@@ -111,9 +116,18 @@ def classify_device(device: str) -> tuple[str, str, str | None]:
 
 def join_key(device: str) -> tuple[str, str | None, str | None]:
     """What a device's enrichment depends on: its GPU, or its NIC and port, or nothing (every
-    other device of a node joins the node alone)."""
+    other device of a node joins the node alone). A network interface named by a node's
+    netdev entity is resolved with the node's view (:meth:`TopologyIndex._key`)."""
     kind, base, port = classify_device(device)
     return (kind, None, None) if kind == "other" else (kind, base, port)
+
+
+def _netdev_port(nd: TopologyEntity) -> str | None:
+    """The RDMA port a netdev entity names (``attrs.port``), 1 when it names none."""
+    if nd.nic is None:
+        return None
+    port = nd.attrs.get("port", 1)
+    return str(port) if port is not None else None
 
 
 @dataclass
@@ -231,6 +245,9 @@ class TopologyIndex:
         reasons: list[EnrichReason] = []
         kind, base, port = classify_device(device)
         view = self._view(node, t)
+        netdev = self._netdev(view, kind, base)
+        if netdev is not None:
+            kind, base, port = "nic", netdev.nic or base, _netdev_port(netdev)
         affine_gpu: str | None = None
         if view is None:
             reasons.append(EnrichReason.NO_TOPOLOGY_FOR_NODE)
@@ -248,7 +265,11 @@ class TopologyIndex:
                     affine_gpu = base if g else None
                 else:
                     g = None
-                    nic = base if base in by_kind[EntityKind.NIC] else None
+                    known = netdev is not None or base in by_kind[EntityKind.NIC]
+                    if not known:  # an RDMA device a netdev names, as its rows would join
+                        nds = by_kind.get(EntityKind.NETDEV, {}).values()
+                        known = any(nd.nic == base for nd in nds)
+                    nic = base if known else None
                 if nic is None:
                     reasons.append(EnrichReason.NO_DEVICE_MAPPING)
                 else:
@@ -259,6 +280,8 @@ class TopologyIndex:
                         if kind == "nic":
                             affine_gpu = n_ent.gpu
                     link = self._link(by_kind[EntityKind.LINK], nic, port)
+                    if link is None or link.switch is None:
+                        link = self._lldp(by_kind[EntityKind.NETDEV], nic, port) or link
                     if link is not None:
                         row["leaf"], row["leaf_port"] = link.switch, link.switch_port
                         row["spine"] = self._spine(link.switch, t)
@@ -273,6 +296,38 @@ class TopologyIndex:
             reasons.append(EnrichReason.NO_JOB)
         row["enrich_reason"] = reasons[0].value if reasons else None
         return row
+
+    @staticmethod
+    def _netdev(view: _NodeView | None, kind: str, base: str) -> TopologyEntity | None:
+        """The netdev entity naming the interface of ``base`` (``eth2`` of ``eth2/prio3``) in
+        the view, for a device that is neither a GPU nor an RDMA device."""
+        if kind != "other" or view is None or not view.valid:
+            return None
+        netdevs = view.by_kind.get(EntityKind.NETDEV)
+        return netdevs.get(base.split("/", 1)[0]) if netdevs else None
+
+    @staticmethod
+    def _lldp(
+        netdevs: dict[str, TopologyEntity], nic: str, port: str | None
+    ) -> TopologyEntity | None:
+        """A netdev on (nic, port) whose LLDP neighbour names a switch, or None."""
+        for name in sorted(netdevs):
+            nd = netdevs[name]
+            if nd.switch is None or (nd.nic or nd.device) != nic:
+                continue
+            if port is None or _netdev_port(nd) in (None, port):
+                return nd
+        return None
+
+    def _key(self, node: str, device: str, t: int) -> tuple[str, str | None, str | None]:
+        """:func:`join_key`, with a network interface the node's netdev entity names taking
+        its NIC and port's key (``eth2/prio3`` shares ``mlx5_2/1``'s row)."""
+        kind, base, _ = classify_device(device)
+        if kind == "other":
+            nd = self._netdev(self._view(node, t), kind, base)
+            if nd is not None:
+                return "nic", nd.nic or base, _netdev_port(nd)
+        return join_key(device)
 
     @staticmethod
     def _link(
@@ -343,7 +398,7 @@ class TopologyIndex:
         missing = [d for d in devices if d not in at]
         if missing:
             for d in missing:
-                k = join_key(d)
+                k = self._key(node, d, t)
                 i = hit.key_row.get(k)
                 if i is None:
                     i = hit.key_row[k] = len(hit.rows)

@@ -162,6 +162,7 @@ class EntityKind(StrEnum):
     LINK = "link"  # host adapter port ↔ switch port, or switch ↔ switch
     NIC = "nic"  # host adapter: node, rail, numa, gpu affinity
     GPU = "gpu"  # node, numa, nvlink domain, nic affinity
+    NETDEV = "netdev"  # network interface (eth2) → its RDMA device (nic) and port (attrs)
 
 
 class TopologyEntity(BaseModel):

@@ -7,6 +7,11 @@
   (Arrow IPC, or JSON with ``--json``), keyed by node.
 - ``--once`` scrapes once and exits; otherwise it scrapes every ``--interval`` until
   interrupted, on a fixed schedule (a slow scrape does not shift the next ones).
+- Publishing to Kafka, the exporter also records the node's netdev ↔ RDMA device ↔ port
+  links (and LLDP neighbours where ``lldpctl`` answers) as ``netdev`` entities on the
+  ``topology`` topic (:mod:`services.exporters.netdev`): at start, and again when they change
+  (checked every ``--facts-every`` scrapes). ``--no-topology`` turns this off. A failed
+  publish is reported in one line and retried at the next check; samples keep flowing.
 """
 
 from __future__ import annotations
@@ -20,7 +25,8 @@ from typing import Any
 
 from schemas.catalog import default_catalog
 from schemas.codec import ARROW, JSON, encode
-from schemas.errors import ConfigError
+from schemas.errors import ConfigError, RefineryError
+from services.exporters.netdev import NetdevFacts, boot_time_ns
 from services.exporters.node import NodeCollector, node_source
 from services.settings import RefinerySettings
 
@@ -61,6 +67,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
     p.add_argument("--topic", default=RAW_TOPIC, help=f"Kafka topic (default {RAW_TOPIC})")
     p.add_argument("--no-gpu", action="store_true", help="do not open NVML")
     p.add_argument("--no-clock", action="store_true", help="do not run chronyc")
+    p.add_argument(
+        "--no-topology", action="store_true", help="do not publish the netdev ↔ RDMA facts"
+    )
+    p.add_argument("--topology-topic", default="topology", help="topic of the netdev facts")
+    p.add_argument(
+        "--facts-every", type=int, default=60, help="check the facts every N scrapes (60)"
+    )
     p.set_defaults(handler=cmd_export_node)
 
 
@@ -85,8 +98,15 @@ def cmd_export_node(args: argparse.Namespace, settings: RefinerySettings) -> int
         )
     interval_ns = int(interval_s * 1e9)
     next_at = time.monotonic()
+    facts = None
+    if producer is not None and not args.no_topology:
+        facts = NetdevFacts(sysfs, source.node, valid_from=boot_time_ns(procfs))
+    scrapes = 0
     try:
         while True:
+            if facts is not None and scrapes % max(1, args.facts_every) == 0:
+                _publish_facts(facts, settings, args.topology_topic)
+            scrapes += 1
             table = collector.scrape()
             env = collector.envelope(source, sent_ns=time.time_ns(), interval_ns=interval_ns)
             if producer is None:
@@ -113,3 +133,19 @@ def cmd_export_node(args: argparse.Namespace, settings: RefinerySettings) -> int
         if producer is not None:
             producer.close()
     return 0
+
+
+def _publish_facts(facts: NetdevFacts, settings: RefinerySettings, topic: str) -> None:
+    """Publish the node's netdev entities when they changed; one stderr line on failure."""
+    from services.topology.cli import publish
+
+    entities = facts.changed()
+    if entities is None:
+        return
+    records = ((e.id, e.model_dump_json()) for e in entities)
+    try:
+        publish(settings.kafka(), topic, records, timeout=30.0)
+    except RefineryError as e:
+        print(f"refinery export node: netdev facts not published: {e}", file=sys.stderr)
+        return
+    facts.mark_published(entities)

@@ -6,6 +6,8 @@ Layout (deterministic for a given ``(nodes, gpus, nics, seed)``):
 - Rail-optimized fabric: NIC ``mlx5_i`` of every node in pod ``p`` connects on port 1 to leaf
   ``leaf-p<p>-r<i>``; the leaf port is the node's index within its pod (0-based, as a string).
   Every leaf has one uplink to each spine ``spine-<s>`` (``nics`` spines, at least two).
+- NIC ``mlx5_i``'s network interface is ``eth<i>`` (a ``netdev`` entity, as the node exporter
+  records it from sysfs); its PFC counters are named ``eth<i>/prio3``, as ``ethtool -S`` does.
 - NIC ``mlx5_i`` is affine to ``gpu<i>`` (rail ``i``); GPUs and NICs ``< n/2`` sit on NUMA 0,
   the rest on NUMA 1; the NVLink domain of a node's GPUs is the node itself.
 - Jobs: ``job-101`` on the first ~60 % of the nodes (so it spans pods when there are more than
@@ -24,6 +26,7 @@ import math
 from dataclasses import dataclass, field
 
 from schemas.records import EntityKind, JobPlacement, RankPlacement, TopologyEntity
+from services.simulate.gen import netdev_of
 
 POD_SIZE = 16
 RACK_SIZE = 4
@@ -194,6 +197,16 @@ class Cluster:
                         rail=r,
                         numa=numa,
                         gpu=gpu,
+                    )
+                )
+                out.append(
+                    _ent(
+                        f"netdev:{node}/{netdev_of(r)}",
+                        EntityKind.NETDEV,
+                        node=node,
+                        device=netdev_of(r),
+                        nic=nic,
+                        attrs={"port": 1, "link_layer": "Ethernet"},
                     )
                 )
                 out.append(

@@ -8,9 +8,10 @@ Python loop is over the few substeps of a tick). Values stay within catalog unit
   load, ~35 idle, ~90 when thermally throttled; power ~610 W at load (700 W cap), ~72 W idle;
   energy in mJ (64-bit); util 0-100 %; fb_used MiB of 81559; clock_event_reasons bitmask.
 - nic (ConnectX-7, NDR 400 Gb/s = 12.5e9 four-byte words/s): data counters at 55-85 % of line
-  rate for busy nodes; PFC pauses, pause duration (µs), ECN marks, CNPs and XmitWait rise on a
-  stormed NIC; a NIC whose link is down stalls. rdma.out_of_sequence wraps at 2^32,
-  ib.port_xmit_wait saturates at 2^32 - 1.
+  rate for busy nodes (RDMA counters on ``mlx5_k/1``; PFC counters named as ``ethtool -S``
+  names them, on interface ``eth<k>``: ``eth<k>/prio3``); PFC pauses, pause duration (µs),
+  ECN marks, CNPs and XmitWait rise on a stormed NIC; a NIC whose link is down stalls.
+  rdma.out_of_sequence wraps at 2^32, ib.port_xmit_wait saturates at 2^32 - 1.
 - node: /proc/stat ticks (USER_HZ = 100) per CPU, mem.available_bytes of 2 TiB.
 """
 
@@ -62,6 +63,11 @@ class Effects:
     throttle: np.ndarray  # (S, N, G) int bitmask added by throttling
 
 
+def netdev_of(nic: int) -> str:
+    """The network interface of NIC ``mlx5_<nic>`` (a ``netdev`` topology fact links them)."""
+    return f"eth{nic}"
+
+
 def gpu_layout(gpus: int, substeps: int) -> Layout:
     ent = [(f"gpu{g}", m, c) for g in range(gpus) for m, c in GPU_METRICS]
     return Layout(*_unzip(ent), substeps=substeps)
@@ -69,7 +75,8 @@ def gpu_layout(gpus: int, substeps: int) -> Layout:
 
 def nic_layout(nics: int, substeps: int) -> Layout:
     ent = [(f"mlx5_{k}/1", m, True) for k in range(nics) for m in NIC_PORT_METRICS]
-    ent += [(f"mlx5_{k}/1/prio3", m, True) for k in range(nics) for m in NIC_PRIO_METRICS]
+    # ethtool -S names per-priority rows by interface: eth<k> is mlx5_<k>'s netdev
+    ent += [(f"{netdev_of(k)}/prio3", m, True) for k in range(nics) for m in NIC_PRIO_METRICS]
     return Layout(*_unzip(ent), substeps=substeps)
 
 
@@ -157,7 +164,7 @@ class GpuGen:
 
 
 class NicGen:
-    """NIC exporter values: 7 port counters on mlx5_k/1, 3 PFC counters on mlx5_k/1/prio3."""
+    """NIC exporter values: 7 port counters on mlx5_k/1, 3 PFC counters on eth<k>/prio3."""
 
     def __init__(self, n: int, nics: int, busy_node: np.ndarray, rng: np.random.Generator) -> None:
         self.n, self.k, self.rng = n, nics, rng

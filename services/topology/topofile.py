@@ -9,6 +9,7 @@ node        ``node:<node>``                                 ``node:a08-p1-dgx-04
 switch      ``switch:<name>``                               ``switch:A09-P1-IBLEAF-04-04``
 nic         ``nic:<node>/<device>`` or ``nic:<guid>``       ``nic:a08-p1-dgx-04-c01/mlx5_5``
 gpu         ``gpu:<node>/<device>``                         ``gpu:n01/gpu3``
+netdev      ``netdev:<node>/<interface>``                   ``netdev:n01/eth2``
 link        host: ``link:<node>/<device>/<port>``           ``link:a08-p1-dgx-04-c01/mlx5_5/1``
             (``link:<guid>/<port>`` when the host is unknown)
             switch↔switch: ``link:<a>/<pa>~<b>/<pb>``       ``link:L1/33~S1/1`` (ends sorted)
@@ -30,13 +31,16 @@ The file format (``version: 1``); every section is optional::
           - {device: gpu0, numa: 0, nic: mlx5_0}
         nics:
           - {device: mlx5_0, port: 1, rail: 0, numa: 0, gpu: gpu0, guid: "0x…",
-             switch: leaf-1, switch_port: 17}
+             switch: leaf-1, switch_port: 17, netdev: eth0}
     links:                                # switch ↔ switch
       - {switch: leaf-1, port: 33, peer: spine-1, peer_port: 1}
     entities: []                          # raw TopologyEntity objects (what --json prints)
 
 A NIC with ``switch`` set also yields its host link (``device`` ``<nic>/<port>``, port default
-1). :func:`parse_topofile` raises :class:`~schemas.errors.ConfigError` with a one-line message
+1). A NIC with ``netdev`` set also yields the interface's ``netdev`` entity (the node exporter
+records the same fact from sysfs), so ``ethtool -S`` rows (``eth0/prio3``) join this NIC's
+port: on a RoCE fabric, which ``ibnetdiscover`` does not see, the switch ports come from here.
+:func:`parse_topofile` raises :class:`~schemas.errors.ConfigError` with a one-line message
 naming the offending entry.
 """
 
@@ -83,6 +87,10 @@ def nic_id(node: str | None, device: str | None, guid: str | None = None) -> str
     if node and device:
         return f"nic:{node}/{device}"
     return f"nic:{guid or device}"
+
+
+def netdev_id(node: str, netdev: str) -> str:
+    return f"netdev:{node}/{netdev}"
 
 
 def gpu_id(node: str, device: str) -> str:
@@ -286,8 +294,10 @@ def _node_entities(n: Mapping[str, Any], where: str, vf: int) -> list[TopologyEn
                 id=nic_id(node, dev), kind=EntityKind.NIC, device=dev, **fields, **common
             )
         )
+        port = _opt_int(c.get("port"), w) or 1
+        if c.get("netdev"):
+            out.append(_netdev_entity(node, str(c["netdev"]), dev, port, common))
         if sw is not None:
-            port = _opt_int(c.get("port"), w) or 1
             out.append(
                 TopologyEntity(
                     id=host_link_id(node, dev, port, None),
@@ -298,6 +308,19 @@ def _node_entities(n: Mapping[str, Any], where: str, vf: int) -> list[TopologyEn
                 )
             )
     return out
+
+
+def _netdev_entity(
+    node: str, netdev: str, nic: str, port: int, common: dict[str, Any]
+) -> TopologyEntity:
+    return TopologyEntity(
+        id=netdev_id(node, netdev),
+        kind=EntityKind.NETDEV,
+        device=netdev,
+        nic=nic,
+        attrs={"port": port},
+        **common,
+    )
 
 
 def parse_topofile(path: Path, valid_from: int | None = None) -> list[TopologyEntity]:

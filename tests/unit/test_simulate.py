@@ -230,7 +230,7 @@ def test_storm_raises_pauses_only_behind_port_and_delays_only_that_rail() -> Non
     for (node, _b, metric, device), xs in series(msgs, "nic").items():
         rise = xs[-1] - xs[0]
         if metric in ("nic.rx_prio_pause", "nic.rx_prio_pause_duration"):
-            if (node, device) == ("node0002", "mlx5_3/1/prio3"):
+            if (node, device) == ("node0002", "eth3/prio3"):
                 assert rise > 100_000
             else:
                 assert rise < 50, (node, device, rise)
