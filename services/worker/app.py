@@ -190,6 +190,7 @@ def build_app(
 ) -> faust.App:
     """A configured Faust app with the refining agents; run it with :func:`run_worker`."""
     cat = catalog or default_catalog()
+    cfg.data_dir.mkdir(parents=True, exist_ok=True)  # Faust creates only the last level
     app = FaustApp(
         cfg.app_id,
         broker=kafka.faust_broker(),
