@@ -36,6 +36,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "services.report.cli",
     "services.demo.cli",
     "services.bench.cli",
+    "services.verify.cli",
 )
 
 Handler = Callable[[argparse.Namespace, RefinerySettings], int]

@@ -108,6 +108,7 @@ class AccuracyReport:
     missed: list[dict[str, Any]]  # required signals no detection met
     excluded: list[dict[str, Any]]  # not scored (the run's end), with the reason
     redundant: list[dict[str, Any]]  # signals met by more than one detection id
+    matched: list[dict[str, Any]] = field(default_factory=list)  # true positives
 
     @property
     def precision(self) -> float:
@@ -388,4 +389,5 @@ def score(
         missed=missed,
         excluded=excluded,
         redundant=redundant,
+        matched=[d.short() for d in dets if d.id in matched_ids],
     )

@@ -60,4 +60,7 @@ def run(args: argparse.Namespace, settings: RefinerySettings) -> int:
         dump_json(summary)
     else:
         print(render(summary))
-    return 0 if summary["accounting"]["balanced"] else 1
+    ok = summary["accounting"]["balanced"] and summary["verify"]["ok"]
+    if not summary["verify"]["ok"]:
+        say("refinery demo: missed: " + "; ".join(summary["verify"]["misses"]))
+    return 0 if ok else 1

@@ -5,7 +5,9 @@ under a fresh prefix, starts the refining worker, the detect service and the lak
 publishes a simulated cluster with a PFC storm, a throttling GPU, an XID, clock skew,
 duplicates and malformed records (topology and job placement first), waits until every stage
 has caught up, stops everything it started (also on Ctrl-C) and prints what the lake says:
-the accounting, the alerts with their causes and the top findings of the named queries.
+the accounting, the alerts with their causes and the top findings of the named queries; last,
+the lake compared with the simulator's truth (:mod:`services.verify`), whose goals decide the
+exit status.
 """
 
 from __future__ import annotations
@@ -224,6 +226,12 @@ def run_demo(
         summary["prefix"] = prefix
         summary["seconds"] = round(time.monotonic() - t0, 1)
         summary["raw_end_offsets"] = sum(end_offsets(conf, inputs).values())
+        from services.verify.verdict import render as render_verdict
+        from services.verify.verdict import verify
+
+        verdict = verify(opts.lake, truth)
+        summary["verify"] = verdict.as_dict()
+        summary["verify_text"] = render_verdict(verdict)
         return summary
     finally:
         for c in children:
@@ -365,6 +373,8 @@ def render(summary: dict[str, Any]) -> str:
         f"  duckdb -cmd \"SET VARIABLE lake = '{lake}'\" -init sql/init.sql",
         f"  finished in {summary['seconds']}s",
     ]
+    if "verify_text" in summary:
+        lines.append(summary["verify_text"])
     return "\n".join(lines)
 
 

@@ -20,6 +20,10 @@ Siblings:
   incident (acknowledged events only)
 - ``FILE.collectives.parquet`` — job, op_seq, rank, node, device, ts_source_ns, ts_true_ns,
   straggle_ns, incident (acknowledged records only)
+- ``FILE.run.json`` — how the run was published: ``speed`` (true time / wall time; null when
+  flat out), ``start_ns``, ``end_ns`` (true time the publishing ended), ``interval_ns``,
+  ``nodes``, ``seed``, ``spread``, ``faults``. Optional: a truth without it is read with
+  ``run = None``.
 
 All times are ns since the epoch; ``*_true_ns`` on the simulator's true clock, which is the
 wall clock at the start of publishing plus simulated time (see :mod:`.publish`).
@@ -27,7 +31,8 @@ wall clock at the start of publishing plus simulated time (see :mod:`.publish`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -120,6 +125,7 @@ class Truth:
     clocks: pa.Table
     events: pa.Table
     collectives: pa.Table
+    run: dict[str, Any] | None = field(default=None)
 
     def summary(self) -> dict[str, Any]:
         """Counts a report or test starts from."""
@@ -139,7 +145,14 @@ class Truth:
 def load_truth(path: str | Path) -> Truth:
     """Read a truth written by :class:`TruthWriter`; raises FileNotFoundError if incomplete."""
     p = Path(path)
-    return Truth(pq.read_table(p), *(pq.read_table(sibling(p, n)) for n in SIBLINGS))
+    s, i, c, e, k = (pq.read_table(sibling(p, n)) for n in SIBLINGS)
+    run_file = run_path(p)
+    run = json.loads(run_file.read_text()) if run_file.exists() else None
+    return Truth(pq.read_table(p), s, i, c, e, k, run)
+
+
+def run_path(path: Path) -> Path:
+    return path.with_name(f"{path.name}.run.json")
 
 
 class TruthWriter:
@@ -276,9 +289,16 @@ class TruthWriter:
             self._writer.write_table(pa.concat_tables(self._pending))
         self._pending, self._pending_rows = [], 0
 
-    def close(self, incidents: list[dict[str, Any]], clocks: pa.Table) -> None:
-        """Write everything still held and the sibling files."""
+    def close(
+        self,
+        incidents: list[dict[str, Any]],
+        clocks: pa.Table,
+        run: dict[str, Any] | None = None,
+    ) -> None:
+        """Write everything still held and the sibling files (``run``: ``FILE.run.json``)."""
         self._flush()
+        if run is not None:
+            run_path(self.path).write_text(json.dumps(run, sort_keys=True) + "\n")
         self._writer.close()
         inc_schema = pa.schema(
             [

@@ -1,0 +1,230 @@
+"""Alerts and episodes of a lake scored against a simulator run's truth.
+
+Matching is :func:`services.bench.accuracy_match.score` (the benchmark's): a detection is
+true when it matches an injected incident, or a clock truly more than 1 s off, by rule,
+entity and time. Pipeline-health alerts are true when the pipeline really was in the state
+they report, measured from the lake itself (:func:`pipeline_signals`):
+
+- ``refined_freshness``: records refined more than its resolve threshold after the truth
+  says they reached the broker, peaking above its threshold (a real backlog, a restart);
+- ``deadletter_rate``: dead letters counted as the detector counts them (a rejected record
+  1, a quarantined sample 1) at the refiner's processing time, above the rule's resolve
+  rate over its window.
+
+A run faster than real time judges nothing about clocks (the simulated clocks run ahead of
+the broker's): its ``clock_offset`` alerts are listed as not judged. Every rule of the rule
+file gets a row, firing or not (:func:`by_rule`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import duckdb
+
+from pipelines.rule_config import DeadletterRule, FreshnessRule, Rule, load_rules
+from schemas.catalog import default_catalog
+from services.bench.accuracy import _spans, input_timing
+from services.bench.accuracy_match import AccuracyReport, Detection, Signal, score
+
+S = 1_000_000_000
+SLACK_NS = 5 * S
+DEFAULT_RULES = Path(__file__).resolve().parents[2] / "deploy" / "rules" / "default.yaml"
+EPISODE_KINDS = ("congestion", "throttling")
+
+
+@dataclass(frozen=True)
+class Run:
+    """The truth's run: true-time window, publishing speed (None: flat out), interval."""
+
+    start_ns: int
+    end_ns: int
+    speed: float | None
+    interval_ns: int = S
+
+    @property
+    def real_time(self) -> bool:
+        return self.speed is not None and abs(self.speed - 1.0) < 1e-9
+
+
+def run_of(con: duckdb.DuckDBPyConnection, facts: Mapping[str, Any] | None) -> Run:
+    """The run from the truth's ``run.json`` facts, or, for a truth without them, from its
+    sends (assumed real time)."""
+    if facts:
+        return Run(
+            int(facts["start_ns"]),
+            int(facts["end_ns"]),
+            None if facts.get("speed") is None else float(facts["speed"]),
+            int(facts.get("interval_ns") or S),
+        )
+    row = con.execute(
+        "SELECT min(due_true_ns), max(due_true_ns) FROM truth_sends WHERE stream = 'raw'"
+    ).fetchone()
+    if row is None or row[0] is None:
+        raise ValueError("the truth has no raw sends: not a simulator run's truth")
+    return Run(int(row[0]), int(row[1]) + S, 1.0)
+
+
+def _records(con: duckdb.DuckDBPyConnection, sql: str) -> list[dict[str, Any]]:
+    cur = con.execute(sql)
+    names = [d[0] for d in cur.description]
+    return [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
+
+
+def lake_detections(
+    con: duckdb.DuckDBPyConnection, run: Run, nodes: set[str]
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Alert and episode records of the run: started within the run (with slack) and, when
+    they name a node, on one of the truth's nodes."""
+    lo, hi = run.start_ns - 60 * S, run.end_ns + 600 * S
+    alerts = _records(
+        con,
+        f"""SELECT id, rule, state, entity, node, device, job, starts_ns, ends_ns, cause,
+                   evidence FROM alerts WHERE starts_ns BETWEEN {lo} AND {hi}
+            ORDER BY emitted_ns, id""",
+    )
+    for a in alerts:
+        a["evidence"] = json.loads(a["evidence"]) if a["evidence"] else {}
+    alerts = [a for a in alerts if a["node"] is None or a["node"] in nodes]
+    episodes = _records(
+        con,
+        f"""SELECT id, kind, state, entity, start_ns, end_ns, nodes, jobs, cause_hint
+            FROM episodes WHERE start_ns BETWEEN {lo} AND {hi} ORDER BY emitted_ns, id""",
+    )
+    return alerts, episodes
+
+
+def pipeline_signals(con: duckdb.DuckDBPyConnection, rules: list[Rule]) -> list[Signal]:
+    """Pipeline-health alerts the run's own measured state explains (true, not incidents)."""
+    out: list[Signal] = []
+    for rule in rules:
+        if isinstance(rule, FreshnessRule):
+            out += _freshness_signals(con, rule)
+        elif isinstance(rule, DeadletterRule):
+            out += _deadletter_signals(con, rule)
+    return out
+
+
+def _freshness_signals(con: duckdb.DuckDBPyConnection, rule: FreshnessRule) -> list[Signal]:
+    """Spans where raw records were refined more than the rule's resolve threshold after the
+    truth says they reached the broker, peaking above its threshold
+    (:func:`services.bench.accuracy.input_timing` with the due time as the append time)."""
+    rows = _records(
+        con,
+        """SELECT a.raw_partition AS partition, a.raw_offset AS offset, a.ts, s.due_true_ns
+           FROM refine_accounting a JOIN truth_sends s
+             ON s.partition = a.raw_partition AND s.offset = a.raw_offset
+            AND s.topic = coalesce(a.raw_topic, s.topic) AND s.stream = 'raw'
+           WHERE a.outcome <> 'replay'""",
+    )
+    sends = [r | {"exporter": "any", "node": "any"} for r in rows]
+    acc = [
+        (
+            {
+                "raw_partition": r["partition"],
+                "raw_offset": r["offset"],
+                "append_ms": r["due_true_ns"] // 1_000_000,
+            },
+            int(r["ts"]),
+        )
+        for r in rows
+    ]
+    resolve = rule.above_ns if rule.resolve_ns is None else rule.resolve_ns
+    _, lags, _ = input_timing(sends, acc, lambda t: {}, rule.above_ns / S, resolve / S)
+    out = []
+    for r in lags:
+        t0, t1 = int(r["t0_ns"]) - SLACK_NS, int(r["t1_ns"]) + SLACK_NS
+
+        def ok(d: Detection, t0: int = t0, t1: int = t1) -> bool:
+            return d.rule == rule.name and d.overlaps(t0, t1)
+
+        why = f"refiner behind: up to {float(r['lag_s']):.0f} s"
+        out.append(Signal("run", "run", why, "pipeline", False, ok))
+    return out
+
+
+def _deadletter_signals(con: duckdb.DuckDBPyConnection, rule: DeadletterRule) -> list[Signal]:
+    """Spans where the dead letters the detector counts exceeded the rule's resolve rate over
+    its window, at the refiner's processing time."""
+    win = rule.window_ns
+    resolve = rule.above if rule.resolve is None else rule.resolve
+    rows = _records(
+        con,
+        """SELECT ts // 1000000000 AS s,
+                  sum(CASE WHEN outcome = 'deadletter' THEN 1 ELSE quarantined_samples END) AS n
+           FROM refine_accounting
+           WHERE outcome = 'deadletter' OR quarantined_samples > 0 GROUP BY ALL ORDER BY 1""",
+    )
+    per_s = {int(r["s"]): int(r["n"]) for r in rows}
+    hot = []
+    for s in per_s:
+        total = sum(n for t, n in per_s.items() if s - win // S < t <= s)
+        if total / (win / S) > resolve:
+            hot.append((s * S, s * S + win, total / (win / S)))
+    signals = []
+    for span in _spans(sorted(hot)):
+        t0, t1 = span[0][0] - SLACK_NS, span[-1][1] + SLACK_NS
+        peak = max(r[2] for r in span)
+
+        def ok(d: Detection, t0: int = t0, t1: int = t1) -> bool:
+            return d.rule == rule.name and d.overlaps(t0, t1)
+
+        why = f"dead letters at up to {peak:.1f}/s"
+        signals.append(Signal("run", "run", why, "pipeline", False, ok))
+    return signals
+
+
+def clock_not_judged() -> Signal:
+    return Signal(
+        "run",
+        "run",
+        "not judged: faster than real time, simulated clocks run ahead of the broker's",
+        "*",
+        False,
+        lambda d: d.rule == "clock_offset",
+    )
+
+
+def score_run(
+    con: duckdb.DuckDBPyConnection,
+    run: Run,
+    incidents: list[dict[str, Any]],
+    clocks: list[dict[str, Any]],
+    nodes: set[str],
+    rules_path: Path = DEFAULT_RULES,
+) -> tuple[AccuracyReport, list[Rule]]:
+    rules = load_rules(rules_path, default_catalog())
+    alerts, episodes = lake_detections(con, run, nodes)
+    explained = pipeline_signals(con, rules)
+    if not run.real_time:
+        explained.insert(0, clock_not_judged())
+        clocks = []  # no clock incident is expected either
+    report = score(
+        incidents,
+        clocks,
+        alerts,
+        episodes,
+        (run.start_ns, run.end_ns),
+        slack_ns=SLACK_NS,
+        interval_ns=run.interval_ns,
+        explained=explained,
+    )
+    return report, rules
+
+
+def by_rule(report: AccuracyReport, rules: Iterable[Rule]) -> dict[str, dict[str, int]]:
+    """Per rule of the rule file (and each episode kind and any other rule that fired):
+    detections true, false and not scored."""
+    names = [r.name for r in rules] + ["nccl_straggler"] + [f"episode:{k}" for k in EPISODE_KINDS]
+    table = {n: {"true": 0, "false": 0, "not_scored": 0} for n in names}
+    for d in report.matched:
+        table.setdefault(d["rule"], {"true": 0, "false": 0, "not_scored": 0})["true"] += 1
+    for d in report.unmatched:
+        table.setdefault(d["rule"], {"true": 0, "false": 0, "not_scored": 0})["false"] += 1
+    for e in report.excluded:
+        table.setdefault(e["rule"], {"true": 0, "false": 0, "not_scored": 0})["not_scored"] += 1
+    return table

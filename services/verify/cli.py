@@ -1,0 +1,52 @@
+"""``refinery verify --truth FILE [--lake DIR]``: compare a lake with a simulator run's truth;
+exit 0 when every goal is met, 1 when one is missed, 2 on a bad argument."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from schemas.errors import ConfigError
+from services.settings import RefinerySettings
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "verify",
+        help="compare the lake with a simulator run's truth; non-zero when a goal is missed",
+        description="Samples, events and collectives lost and duplicated; the share of "
+        "samples within their stated clock bound and the error's p50/p99/max; alert "
+        "precision and incident recall with each false alert and missed incident named; "
+        "whether the straggler's cause was named. Exits 1 when any figure misses its goal.",
+    )
+    p.add_argument("--truth", required=True, help="the truth file `refinery simulate` wrote")
+    p.add_argument("--lake", help="lake directory (default $REFINERY_LAKE, ./lake)")
+    p.add_argument("--rules", help="the rule file detect ran with (default deploy/rules)")
+    p.add_argument("--json", action="store_true", help="print the figures as JSON")
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace, settings: RefinerySettings) -> int:
+    from services.verify.alerts import DEFAULT_RULES
+    from services.verify.verdict import render, verify
+
+    truth = Path(args.truth)
+    if not truth.is_file():
+        raise ConfigError(f"--truth {truth}: no such file")
+    lake = Path(args.lake) if args.lake else settings.lake
+    if not lake.is_dir():
+        raise ConfigError(f"--lake {lake}: no such directory")
+    rules = Path(args.rules) if args.rules else DEFAULT_RULES
+    try:
+        v = verify(lake, truth, rules)
+    except FileNotFoundError as e:
+        raise ConfigError(f"--truth {truth}: incomplete truth ({e.filename or e})") from e
+    if args.json:
+        json.dump(v.as_dict(), sys.stdout, indent=2, default=str)
+        sys.stdout.write("\n")
+    else:
+        print(render(v))
+    return 0 if v.ok else 1

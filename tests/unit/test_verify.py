@@ -1,0 +1,365 @@
+"""`refinery verify`'s comparison on a synthetic truth and a lake of real Parquet files landed by
+the lake writer, read through DuckDB: every injected defect is counted and named, and only the
+defects make the verdict fail."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from services.lake.writer import LakeWriter
+from services.simulate.truth import (
+    COLLECTIVES_TRUTH,
+    EVENTS_TRUTH,
+    SAMPLES_TRUTH,
+    SENDS_TRUTH,
+    run_path,
+    sibling,
+)
+from services.verify.verdict import render, verify
+
+S = 1_000_000_000
+SEED = 20431  # this test's own
+T0 = 1_800_000_000 * S  # true start of the run
+NODES = ["n01", "n02", "n03"]
+EXPORTERS = ["gpu", "nic"]
+SECONDS = 40
+
+
+def _truth(rng: np.random.Generator) -> tuple[pa.Table, list[dict[str, Any]]]:
+    """Samples: per node, exporter and second one batch of 4 samples; the last of each batch
+    of n03/nic has an expected reason (bad sample: must not land). Sends: one per batch."""
+    rows, sends = [], []
+    offset = 0
+    for sec in range(SECONDS):
+        for node in NODES:
+            for exp in EXPORTERS:
+                due = T0 + sec * S + int(rng.integers(0, 50_000_000))
+                part = NODES.index(node)
+                sends.append(
+                    {
+                        "msg": offset,
+                        "tag": f"{node}{exp}{sec}",
+                        "stream": "raw",
+                        "topic": "telemetry.raw",
+                        "partition": part,
+                        "offset": offset,
+                        "kind": "batch",
+                        "expected_reason": None,
+                        "samples": 4,
+                        "bad_samples": 0,
+                        "node": node,
+                        "exporter": exp,
+                        "instance": "0",
+                        "boot_id": f"b-{node}",
+                        "seq": sec,
+                        "content_type": "arrow",
+                        "sent_true_ns": due,
+                        "sent_source_ns": due,
+                        "due_true_ns": due,
+                    }
+                )
+                offset += 1
+                for d in range(4):
+                    bad = node == "n03" and exp == "nic" and d == 3
+                    ts = due - 10_000_000 - d * 1_000_000
+                    rows.append(
+                        {
+                            "node": node,
+                            "exporter": exp,
+                            "instance": "0",
+                            "boot_id": f"b-{node}",
+                            "seq": sec,
+                            "metric": "gpu.temp" if exp == "gpu" else "nic.rx_bytes",
+                            "device": f"dev{d}",
+                            "ts_source_ns": ts,
+                            "ts_true_ns": ts,
+                            "value": float(rng.normal(50, 5)),
+                            "raw": None,
+                            "expected_reason": "out_of_range" if bad else None,
+                        }
+                    )
+    return pa.Table.from_pylist(rows, SAMPLES_TRUTH), sends
+
+
+def _write_truth(path: Path, speed: float | None) -> tuple[pa.Table, list[dict[str, Any]]]:
+    rng = np.random.default_rng(SEED)
+    samples, sends = _truth(rng)
+    pq.write_table(samples, path)
+    pq.write_table(pa.Table.from_pylist(sends, SENDS_TRUTH), sibling(path, "sends"))
+    xid_at = T0 + 12 * S
+    incidents = [
+        {
+            "id": "xid-000-00",
+            "kind": "xid",
+            "node": "n02",
+            "device": "gpu2",
+            "switch": None,
+            "port": None,
+            "job": None,
+            "start_ns": xid_at,
+            "end_ns": xid_at,
+            "detail": json.dumps({"code": 79}),
+        }
+    ]
+    pq.write_table(pa.Table.from_pylist(incidents), sibling(path, "incidents"))
+    clocks = [
+        {"node": n, "offset_ns": 0, "drift_ppm": 0.0, "synced": True, "steps": []} for n in NODES
+    ]
+    clock_schema = pa.schema(
+        [
+            ("node", pa.string()),
+            ("offset_ns", pa.int64()),
+            ("drift_ppm", pa.float64()),
+            ("synced", pa.bool_()),
+            ("steps", pa.list_(pa.struct([("at_ns", pa.int64()), ("step_ns", pa.int64())]))),
+        ]
+    )
+    pq.write_table(pa.Table.from_pylist(clocks, clock_schema), sibling(path, "clocks"))
+    events = [
+        {
+            "node": "n02",
+            "boot_id": "b-n02",
+            "seq": 0,
+            "event": "xid",
+            "device": "gpu2",
+            "code": 79,
+            "ts_source_ns": xid_at,
+            "ts_true_ns": xid_at,
+            "incident": "xid-000-00",
+        }
+    ]
+    pq.write_table(pa.Table.from_pylist(events, EVENTS_TRUTH), sibling(path, "events"))
+    colls = [
+        {
+            "job": "j1",
+            "op_seq": i,
+            "rank": r,
+            "node": NODES[r],
+            "device": "gpu0",
+            "ts_source_ns": T0 + i * S,
+            "ts_true_ns": T0 + i * S,
+            "straggle_ns": 0,
+            "incident": None,
+        }
+        for i in range(5)
+        for r in range(3)
+    ]
+    pq.write_table(pa.Table.from_pylist(colls, COLLECTIVES_TRUTH), sibling(path, "collectives"))
+    run = {"speed": speed, "start_ns": T0, "end_ns": T0 + SECONDS * S, "interval_ns": S}
+    run_path(path).write_text(json.dumps(run))
+    return samples, sends
+
+
+def _alert(rule: str, entity: str, at: int, node: str | None, **kw: Any) -> dict[str, Any]:
+    return {
+        "ts": at,
+        "id": f"{rule}-{entity}-{at}",
+        "rule": rule,
+        "state": "firing",
+        "severity": "warning",
+        "entity": entity,
+        "node": node,
+        "starts_ns": at,
+        "summary": rule,
+        "emitted_ns": at,
+        "kafka_partition": 0,
+        "kafka_offset": at % 997,
+        **kw,
+    }
+
+
+def _land_events_and_collectives(w: LakeWriter) -> None:
+    """The XID event and every collective record, once each."""
+    ev = {
+        "node": "n02",
+        "ts": T0 + 12 * S,
+        "ts_source": T0 + 12 * S,
+        "clock_offset_ns": 0,
+        "clock_error_ns": 1,
+        "exporter": "kmsg",
+        "boot_id": "b-n02",
+        "seq": 0,
+        "raw_partition": 1,
+        "raw_offset": 0,
+        "event": "xid",
+        "device": "gpu2",
+        "code": 79,
+    }
+    w.land("events", pa.Table.from_pylist([ev]), partition=0, first=0, last=0)
+    colls = [
+        {
+            "node": NODES[r],
+            "ts": T0 + i * S,
+            "ts_source": T0 + i * S,
+            "clock_offset_ns": 0,
+            "clock_error_ns": 1,
+            "exporter": "nccl",
+            "boot_id": "b",
+            "seq": i,
+            "raw_partition": 0,
+            "raw_offset": i,
+            "job": "j1",
+            "comm": "c",
+            "op": "AllReduce",
+            "op_seq": i,
+            "rank": r,
+            "nranks": 3,
+            "device": "gpu0",
+        }
+        for i in range(5)
+        for r in range(3)
+    ]
+    w.land("collectives", pa.Table.from_pylist(colls), partition=0, first=0, last=0)
+
+
+def _land(lake: Path, samples: pa.Table, sends: list[dict[str, Any]]) -> None:
+    """The lake of a run with defects: one good sample lost, one landed twice, one made up,
+    one bad sample landed (made up too), 3 samples of n01|gpu 50 ms off with a 1 ms bound;
+    one event and every collective landed; the refiner 45 s behind for seconds 20-29."""
+    w = LakeWriter(lake)
+    w.ensure_seeds()
+    good = samples.to_pylist()
+    lake_rows = []
+    for i, r in enumerate(good):
+        if i == 7:
+            continue  # lost (a good sample: the first batch has no bad ones)
+        if r["expected_reason"] is not None and i != 23:
+            continue  # bad samples do not land; row 23 (n03|nic, bad) lands: made up
+        off = 50_000_000 if r["node"] == "n01" and r["exporter"] == "gpu" and r["seq"] < 1 else 0
+        lake_rows.append(
+            {
+                "node": r["node"],
+                "device": r["device"],
+                "metric": r["metric"],
+                "unit": "x",
+                "ts": r["ts_true_ns"] + off + 200_000,
+                "ts_source": r["ts_source_ns"],
+                "clock_offset_ns": 0,
+                "clock_error_ns": 1_000_000,
+                "value": r["value"],
+                "reset": False,
+                "late": False,
+                "exporter": r["exporter"],
+                "instance": r["instance"],
+                "boot_id": r["boot_id"],
+                "seq": r["seq"],
+                "raw_partition": 0,
+                "raw_offset": i,
+            }
+        )
+    lake_rows.append(dict(lake_rows[20]))  # duplicated
+    lake_rows.append(dict(lake_rows[21], ts_source=lake_rows[21]["ts_source"] + 1))  # made up
+    w.land("samples", pa.Table.from_pylist(lake_rows), partition=0, first=0, last=10)
+    _land_events_and_collectives(w)
+    acc = [
+        {
+            "ts": s["due_true_ns"] + (45 * S if 20 <= s["seq"] < 30 else S // 2),
+            "raw_topic": "telemetry.raw",
+            "raw_partition": s["partition"],
+            "raw_offset": s["offset"],
+            "input_samples": 4,
+            "refined_samples": 4,
+            "duplicate_samples": 0,
+            "quarantined_samples": 0,
+            "outcome": "refined",
+            "node": s["node"],
+        }
+        for s in sends
+    ]
+    w.land("accounting", pa.Table.from_pylist(acc), partition=0, first=0, last=0)
+    alerts = [
+        _alert(
+            "gpu_xid",
+            "n02/gpu2",
+            T0 + 12 * S,
+            "n02",
+            device="gpu2",
+            evidence=json.dumps({"code": 79}),
+        ),
+        _alert("exporter_silent", "n03|nic|0", T0 + 25 * S, "n03"),  # false: it kept sending
+        _alert("refined_freshness", "pipeline", T0 + 60 * S, None),  # true: 45 s behind
+        _alert("clock_offset", "n01|gpu|0", T0 + 5 * S, "n01"),  # false: every clock synced
+    ]
+    w.land("alerts", pa.Table.from_pylist(alerts), partition=0, first=0, last=0)
+
+
+@pytest.mark.parametrize("speed", [1.0, 4.0])
+def test_verify_names_every_defect(tmp_path: Path, speed: float) -> None:
+    truth = tmp_path / "truth.parquet"
+    samples, sends = _write_truth(truth, speed)
+    _land(tmp_path / "lake", samples, sends)
+    v = verify(tmp_path / "lake", truth)
+    s = v.data["samples"]
+    good = sum(1 for r in samples.column("expected_reason").to_pylist() if r is None)
+    assert (s.truth, s.lost, s.duplicated, s.unexpected) == (good, 1, 1, 2)
+    assert (v.data["events"].lost, v.data["events"].duplicated) == (0, 0)
+    assert v.data["collectives"].ok and v.data["collectives"].truth == 15
+    clock = v.clock
+    assert clock.samples == good - 1  # each key once, however often it landed
+    assert clock.samples - clock.within == 4  # seq 0 of n01|gpu: 4 samples 50 ms off
+    assert clock.worst_sources[0]["source"] == "n01|gpu|0"
+    assert clock.err_max_ns == pytest.approx(50_200_000)
+    a = v.alerts
+    false = sorted(d["rule"] for d in a.unmatched)
+    not_scored = {e["rule"]: e["why"] for e in a.excluded}
+    assert not_scored["refined_freshness"].startswith("refiner behind: up to 4")
+    assert a.incident_recall == 1.0 and a.missed == []
+    if speed == 1.0:
+        assert false == ["clock_offset", "exporter_silent"]
+        assert a.precision == pytest.approx(1 / 3)
+        assert any(m.startswith("clock:") for m in v.misses)
+    else:  # clocks not judged: neither the samples' bound nor the clock alert
+        assert false == ["exporter_silent"]
+        assert "not judged" in not_scored["clock_offset"]
+        assert not any(m.startswith("clock:") for m in v.misses)
+    assert v.rules["exporter_silent"]["false"] == 1 and v.rules["gpu_xid"]["true"] == 1
+    assert v.rules["node_memory_low"] == {"true": 0, "false": 0, "not_scored": 0}
+    assert any(m.startswith("samples: 1 lost, 1 duplicated, 2 not in the truth") for m in v.misses)
+    assert any("precision" in m for m in v.misses) and not v.ok
+    text = render(v)
+    assert "false: exporter_silent n03|nic|0" in text and "MISSED" in text
+
+
+def test_verify_clean_run_meets_every_goal(tmp_path: Path) -> None:
+    """The same truth with a lake that has it all, once, on time: exit-0 verdict."""
+    truth = tmp_path / "truth.parquet"
+    samples, _ = _write_truth(truth, 1.0)
+    w = LakeWriter(tmp_path / "lake")
+    w.ensure_seeds()
+    good = [r for r in samples.to_pylist() if r["expected_reason"] is None]
+    rows = [
+        {
+            "node": r["node"],
+            "device": r["device"],
+            "metric": r["metric"],
+            "unit": "x",
+            "ts": r["ts_true_ns"] + 100,
+            "ts_source": r["ts_source_ns"],
+            "clock_offset_ns": 0,
+            "clock_error_ns": 1000,
+            "reset": False,
+            "late": False,
+            "exporter": r["exporter"],
+            "instance": "0",
+            "boot_id": r["boot_id"],
+            "seq": r["seq"],
+            "raw_partition": 0,
+            "raw_offset": i,
+        }
+        for i, r in enumerate(good)
+    ]
+    w.land("samples", pa.Table.from_pylist(rows), partition=0, first=0, last=0)
+    _land_events_and_collectives(w)
+    xid = _alert("gpu_xid", "n02/gpu2", T0 + 12 * S, "n02", evidence=json.dumps({"code": 79}))
+    w.land("alerts", pa.Table.from_pylist([xid]), partition=0, first=0, last=0)
+    v = verify(tmp_path / "lake", truth)
+    assert v.ok, v.misses
+    assert v.clock.within_share == 1.0 and v.alerts.precision == 1.0
+    assert "every goal met" in render(v)
