@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import numpy as np
 import pyarrow as pa
 
 from pipelines.aligned import align_records
@@ -40,7 +40,7 @@ from pipelines.refine import (
     refine_group,
 )
 from schemas.catalog import Catalog
-from schemas.codec import ARROW, content_type_of, decode, ipc_stream, ipc_stream_within
+from schemas.codec import ARROW, content_type_of, decode, ipc_stream
 from schemas.errors import RejectedInput
 from schemas.records import (
     Alert,
@@ -48,10 +48,13 @@ from schemas.records import (
     DeadLetter,
     Severity,
     compact_json,
-    lineage_header,
 )
 from schemas.wire import Batch, PayloadKind
+from services.worker.guard import OutputTooLarge, Undo, detail_of, failed, recoverable
 from services.worker.state import StreamState, decode_overlap, encode_overlap
+from services.worker.waves import ZSTD, _runs, _WaveRows, ipc_with, refined_messages
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -82,6 +85,14 @@ class OutputTopics:
     deadletter: str = "telemetry.deadletter"
     accounting: str = "telemetry.accounting"
     alerts: str = "telemetry.alerts"
+    # the largest message values the worker sends, below the producer's message.max.bytes
+    # (32 MiB) and the broker's limit of each topic (deploy/topics.yaml: 32 MiB for refined,
+    # 16 MiB for the aligned ones), with room for key and headers. An output over it is
+    # written with Arrow IPC compression (zstd; every Arrow reader inflates it), then a
+    # refined message is split per record; one record's output still over it is
+    # dead-lettered (output_too_large)
+    max_refined_bytes: int = 31 * 1024 * 1024
+    max_aligned_bytes: int = 15 * 1024 * 1024
 
 
 @dataclass
@@ -204,38 +215,9 @@ class Refiner:
         pending: list[tuple[int, RawRecord, Batch]] = []
 
         def flush() -> None:
-            if not pending:
-                return
-            items = [RawBatch(b, (r.partition, r.offset), r.append_ms * 1_000_000)
-                     for _, r, b in pending]  # fmt: skip
-            results = refine_group(
-                items, self.state, self.catalog, self._topology(), now_ns, self.settings
-            )
-            refined: list[tuple[int, RawRecord, Batch, RefineResult]] = []
-            for (i, r, b), res in zip(pending, results, strict=True):
-                outs[i] = self._samples(r, b, res, now_ns)
-                if res.refined_count:
-                    refined.append((i, r, b, res))
-            runs = _runs(refined)
-            rows = [sum(x[3].refined_count for x in run) for run in runs]
-            # each wave's rows as one record batch, with the runs (first row, rows) it sends
-            by_wave: dict[int, tuple[pa.Table, list[tuple[int, int]]]] = {}
-            for run, n in zip(runs, rows, strict=True):
-                res = run[0][3]
-                assert res.wave_rows is not None  # a batch with refined rows has its wave's
-                by_wave.setdefault(id(res.wave_rows), (res.wave_rows, []))[1].append(
-                    (res.wave_start, n)
-                )
-            waves = {
-                k: _WaveRows(wave.combine_chunks().to_batches()[0], spans)
-                for k, (wave, spans) in by_wave.items()
-            }
-            for run, n in zip(runs, rows, strict=True):
-                last = outs[max(i for i, _, _, _ in run)]
-                assert last is not None
-                whole = waves[id(run[0][3].wave_rows)]
-                last.messages.insert(0, self._refined_message(run, whole, n))
-            pending.clear()
+            if pending:
+                self._guarded(pending, outs, now_ns)
+                pending.clear()
 
         for i, rec in enumerate(recs):
             ct = content_type_of(rec.headers)
@@ -255,9 +237,78 @@ class Refiner:
                 pending.append((i, rec, batch))
             else:
                 flush()  # records share the sources' seq windows and clocks: keep the order
-                outs[i] = self._records(rec, batch, now_ns)
+                self._guarded([(i, rec, batch)], outs, now_ns)
         flush()
         return [o for o in outs if o is not None]
+
+    def _guarded(
+        self, items: list[tuple[int, RawRecord, Batch]], outs: list[Outcome | None], now_ns: int
+    ) -> None:
+        """Refine ``items`` (samples batches, or one events or collectives record) into
+        ``outs``; if that raises, put their state back and refine them one at a time, each
+        that raises again dead-lettered whole (see :mod:`services.worker.guard`)."""
+        undo = Undo(self, [b for _, _, b in items])
+        try:
+            self._refine_items(items, outs, now_ns)
+            return
+        except Exception as e:
+            if not recoverable(e):
+                raise
+            undo.restore()
+            if len(items) > 1:
+                log.warning("refining %d records raised %s; refining them one by one",
+                            len(items), detail_of(e))  # fmt: skip
+            else:
+                outs[items[0][0]] = failed(self, *items[0][1:], e, now_ns)
+                return
+        for item in items:
+            undo = Undo(self, [item[2]])
+            try:
+                self._refine_items([item], outs, now_ns)
+            except Exception as e:
+                if not recoverable(e):
+                    raise
+                undo.restore()
+                outs[item[0]] = failed(self, *item[1:], e, now_ns)
+
+    def _refine_items(
+        self, items: list[tuple[int, RawRecord, Batch]], outs: list[Outcome | None], now_ns: int
+    ) -> None:
+        if items[0][2].envelope.kind is not PayloadKind.SAMPLES:
+            i, rec, batch = items[0]
+            outs[i] = self._records(rec, batch, now_ns)
+            return
+        pending = items
+        items_ = [RawBatch(b, (r.partition, r.offset), r.append_ms * 1_000_000)
+                  for _, r, b in pending]  # fmt: skip
+        results = refine_group(
+            items_, self.state, self.catalog, self._topology(), now_ns, self.settings
+        )
+        refined: list[tuple[int, RawRecord, Batch, RefineResult]] = []
+        for (i, r, b), res in zip(pending, results, strict=True):
+            outs[i] = self._samples(r, b, res, now_ns)
+            if res.refined_count:
+                refined.append((i, r, b, res))
+        runs = _runs(refined)
+        rows = [sum(x[3].refined_count for x in run) for run in runs]
+        # each wave's rows as one record batch, with the runs (first row, rows) it sends
+        by_wave: dict[int, tuple[pa.Table, list[tuple[int, int]]]] = {}
+        for run, n in zip(runs, rows, strict=True):
+            res = run[0][3]
+            assert res.wave_rows is not None  # a batch with refined rows has its wave's
+            by_wave.setdefault(id(res.wave_rows), (res.wave_rows, []))[1].append(
+                (res.wave_start, n)
+            )
+        waves = {
+            k: _WaveRows(wave.combine_chunks().to_batches()[0], spans)
+            for k, (wave, spans) in by_wave.items()
+        }
+        for run, n in zip(runs, rows, strict=True):
+            whole = waves[id(run[0][3].wave_rows)]
+            for part, msg in refined_messages(self.topics, run, whole, n):
+                last = outs[max(i for i, _, _, _ in part)]
+                assert last is not None
+                last.messages.insert(0, msg)
 
     def _samples(self, rec: RawRecord, batch: Batch, r: RefineResult, now_ns: int) -> Outcome:
         src = batch.envelope.source
@@ -306,22 +357,6 @@ class Refiner:
             r.clock,
         )
 
-    def _refined_message(
-        self, run: list[tuple[int, RawRecord, Batch, RefineResult]], whole: _WaveRows, n: int
-    ) -> OutMessage:
-        """One refined message for adjacent rows of one node's batches (see :func:`_runs`),
-        ``n`` rows of its wave (``whole``: a record batch's slice is serialized as it is, a
-        table's is first cut into batches), with the lineage of each raw record in it."""
-        _, _, batch, first = run[0]
-        rows = whole.batch.slice(first.wave_start, n)
-        lineage = [res.header_fields(r.topic, b, (r.partition, r.offset)) for _, r, b, res in run]
-        return OutMessage(
-            self.topics.refined,
-            batch.envelope.source.node.encode(),
-            ipc_stream_within(rows, whole.bounds.get(first.wave_start)),
-            [("content-type", ARROW.encode()), ("lineage", lineage_header(lineage))],
-        )
-
     def _records(self, rec: RawRecord, batch: Batch, now_ns: int) -> Outcome:
         src = batch.envelope.source
         stream = src.stream_key()
@@ -345,7 +380,15 @@ class Refiner:
             else self.topics.collectives
         )
         key = rec.key or src.node.encode()
-        msgs = [OutMessage(topic, key, ipc_stream(table), [("content-type", ARROW.encode())])]
+        value = ipc_stream(table)
+        limit = self.topics.max_aligned_bytes
+        if len(value) > limit:
+            value = ipc_with(table, ZSTD)
+        if len(value) > limit:
+            raise OutputTooLarge(
+                f"{table.num_rows} aligned rows are {len(value)} bytes with zstd > {limit}"
+            )
+        msgs = [OutMessage(topic, key, value, [("content-type", ARROW.encode())])]
         msgs.append(self._accounting(rec, "refined", n, n, 0, 0, src.node))
         return Outcome(msgs, "refined", n, n, 0, 0, {}, stream, est.offset_ns, None, est)
 
@@ -442,57 +485,3 @@ class Refiner:
             emitted_ns=now_ns,
         )
         return [OutMessage(self.topics.alerts, stream.encode(), alert.model_dump_json().encode())]
-
-
-class _WaveRows:
-    """A wave's refined rows as one record batch, and for each run of its rows that goes out
-    as one message (``spans``: first row and rows) a bound on its IPC stream's bytes, from
-    the string columns' offsets at the runs' ends only, for writing each refined message
-    straight into one buffer (:func:`schemas.codec.ipc_stream_within`)."""
-
-    SLACK = 65_536  # the schema and record batch messages' metadata, padding, end marker
-
-    def __init__(self, batch: pa.RecordBatch, spans: list[tuple[int, int]]) -> None:
-        self.batch = batch
-        self.bounds: dict[int, int] = {}  # first row of a run → bound (none: not known)
-        starts = np.array([a for a, _ in spans], dtype=np.int64)
-        rows = np.array([n for _, n in spans], dtype=np.int64)
-        ends = starts + rows
-        data = np.zeros(len(spans), dtype=np.int64)
-        fixed = 0
-        for col in batch.columns:
-            if pa.types.is_string(col.type):
-                off = np.frombuffer(col.buffers()[1], dtype=np.int32)[col.offset :]
-                data += off[ends] - off[starts]
-                fixed += 4  # an offset per row
-            elif pa.types.is_primitive(col.type):
-                fixed += max(col.type.bit_width // 8, 1)
-            else:  # no bound known: every message serialized the plain way
-                return
-            fixed += 1  # its validity bitmap, at a byte per row at most
-        size = self.SLACK + 8 * 3 * int(batch.num_columns) + rows * fixed + data
-        self.bounds = dict(zip(starts.tolist(), size.tolist(), strict=True))
-
-
-def _runs(
-    refined: list[tuple[int, RawRecord, Batch, RefineResult]],
-) -> list[list[tuple[int, RawRecord, Batch, RefineResult]]]:
-    """The batches with refined rows grouped into runs that can go out as one message: of one
-    node, refined in one wave, their rows adjacent there (:func:`pipelines.refine.refine_group`
-    puts a node's batches of a wave next to each other), in row order."""
-    by: dict[tuple[int, str], list[tuple[int, RawRecord, Batch, RefineResult]]] = {}
-    for item in refined:
-        res = item[3]
-        by.setdefault((id(res.wave_rows), item[2].envelope.source.node), []).append(item)
-    runs = []
-    for group in by.values():
-        group.sort(key=lambda x: x[3].wave_start)
-        run = [group[0]]
-        for item in group[1:]:
-            prev = run[-1][3]
-            if prev.wave_rows is None or prev.wave_start + prev.refined_count != item[3].wave_start:
-                runs.append(run)
-                run = []
-            run.append(item)
-        runs.append(run)
-    return runs

@@ -1,0 +1,132 @@
+"""The refined messages of a group: each wave's refined rows as one record batch
+(:class:`_WaveRows`), cut into runs of one node's adjacent rows (:func:`_runs`), each run one
+message (:func:`refined_messages`) unless that is over the refined topic's limit."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pyarrow as pa
+
+from pipelines.refine import RefineResult
+from schemas.codec import ARROW, ipc_stream_within
+from schemas.records import lineage_header
+from schemas.wire import Batch
+from services.worker.guard import OutputTooLarge
+
+if TYPE_CHECKING:
+    from services.worker.refiner import OutMessage, OutputTopics, RawRecord
+
+Item = tuple[int, "RawRecord", Batch, RefineResult]  # index in the group, record, batch, result
+
+
+def refined_messages(
+    topics: OutputTopics, run: list[Item], whole: _WaveRows, n: int
+) -> list[tuple[list[Item], OutMessage]]:
+    """The refined messages of a run (see :func:`_runs`) with the records each holds: one
+    for the whole run, or one per record where that is over the output limit; raises
+    :class:`OutputTooLarge` for a record whose rows alone are."""
+    limit = topics.max_refined_bytes
+    bound = whole.bounds.get(run[0][3].wave_start)
+    msg = _refined_message(topics, run, whole, n, bound)
+    if (bound is not None and bound <= limit) or len(msg.value) <= limit:
+        return [(run, msg)]
+    msg = _refined_message(topics, run, whole, n, None, ZSTD)
+    if len(msg.value) <= limit:
+        return [(run, msg)]
+    if len(run) == 1:
+        raise OutputTooLarge(
+            f"{n} refined rows are {len(msg.value)} bytes with zstd > {limit}"
+            " (a record's rows go out in one message)"
+        )
+    return [out for x in run for out in refined_messages(topics, [x], whole, x[3].refined_count)]
+
+
+def _refined_message(
+    topics: OutputTopics,
+    run: list[Item],
+    whole: _WaveRows,
+    n: int,
+    bound: int | None,
+    options: pa.ipc.IpcWriteOptions | None = None,
+) -> OutMessage:
+    """One refined message for adjacent rows of one node's batches (see :func:`_runs`),
+    ``n`` rows of its wave (``whole``: a record batch's slice is serialized as it is, a
+    table's is first cut into batches) written into ``bound`` bytes when known, with the
+    lineage of each raw record in it."""
+    from services.worker.refiner import OutMessage  # (it imports this module)
+
+    _, _, batch, first = run[0]
+    rows = whole.batch.slice(first.wave_start, n)
+    lineage = [res.header_fields(r.topic, b, (r.partition, r.offset)) for _, r, b, res in run]
+    return OutMessage(
+        topics.refined,
+        batch.envelope.source.node.encode(),
+        ipc_stream_within(rows, bound) if options is None else ipc_with(rows, options),
+        [("content-type", ARROW.encode()), ("lineage", lineage_header(lineage))],
+    )
+
+
+class _WaveRows:
+    """A wave's refined rows as one record batch, and for each run of its rows that goes out
+    as one message (``spans``: first row and rows) a bound on its IPC stream's bytes, from
+    the string columns' offsets at the runs' ends only, for writing each refined message
+    straight into one buffer (:func:`schemas.codec.ipc_stream_within`)."""
+
+    SLACK = 65_536  # the schema and record batch messages' metadata, padding, end marker
+
+    def __init__(self, batch: pa.RecordBatch, spans: list[tuple[int, int]]) -> None:
+        self.batch = batch
+        self.bounds: dict[int, int] = {}  # first row of a run → bound (none: not known)
+        starts = np.array([a for a, _ in spans], dtype=np.int64)
+        rows = np.array([n for _, n in spans], dtype=np.int64)
+        ends = starts + rows
+        data = np.zeros(len(spans), dtype=np.int64)
+        fixed = 0
+        for col in batch.columns:
+            if pa.types.is_string(col.type):
+                off = np.frombuffer(col.buffers()[1], dtype=np.int32)[col.offset :]
+                data += off[ends] - off[starts]
+                fixed += 4  # an offset per row
+            elif pa.types.is_primitive(col.type):
+                fixed += max(col.type.bit_width // 8, 1)
+            else:  # no bound known: every message serialized the plain way
+                return
+            fixed += 1  # its validity bitmap, at a byte per row at most
+        size = self.SLACK + 8 * 3 * int(batch.num_columns) + rows * fixed + data
+        self.bounds = dict(zip(starts.tolist(), size.tolist(), strict=True))
+
+
+ZSTD = pa.ipc.IpcWriteOptions(compression="zstd")
+
+
+def ipc_with(table: pa.Table | pa.RecordBatch, options: pa.ipc.IpcWriteOptions) -> pa.Buffer:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema, options=options) as w:
+        w.write(table)
+    return sink.getvalue()
+
+
+def _runs(
+    refined: list[tuple[int, RawRecord, Batch, RefineResult]],
+) -> list[list[tuple[int, RawRecord, Batch, RefineResult]]]:
+    """The batches with refined rows grouped into runs that can go out as one message: of one
+    node, refined in one wave, their rows adjacent there (:func:`pipelines.refine.refine_group`
+    puts a node's batches of a wave next to each other), in row order."""
+    by: dict[tuple[int, str], list[tuple[int, RawRecord, Batch, RefineResult]]] = {}
+    for item in refined:
+        res = item[3]
+        by.setdefault((id(res.wave_rows), item[2].envelope.source.node), []).append(item)
+    runs = []
+    for group in by.values():
+        group.sort(key=lambda x: x[3].wave_start)
+        run = [group[0]]
+        for item in group[1:]:
+            prev = run[-1][3]
+            if prev.wave_rows is None or prev.wave_start + prev.refined_count != item[3].wave_start:
+                runs.append(run)
+                run = []
+            run.append(item)
+        runs.append(run)
+    return runs
