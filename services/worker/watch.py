@@ -112,26 +112,57 @@ class CommitWatch:
                 self._consumer = None
 
 
-def fetch_range(
-    conf: dict[str, Any], topic: str, partition: int, start: int, end: int, timeout_s: float = 15
-) -> list[Any]:
-    """The records at offsets ``[start, end)`` of one partition, read directly (confluent-kafka
-    ``Message`` objects, in offset order). The worker uses it to refine records its Faust
-    stream skipped: raw offsets are contiguous, so a gap between two consecutive events of a
-    partition is a record that was never handed to the agent."""
-    from confluent_kafka import Consumer, TopicPartition
+class IncompleteFetch(RuntimeError):
+    """A range of offsets could not be read whole: nothing past its start may be committed.
+    Raised in a group, it fails the group (none of its records is acked) and the worker
+    exits for its supervisor to restart it: a broker that does not serve a partition's
+    records in half a minute is an infrastructure failure."""
 
-    c = Consumer({**conf, "group.id": "refinery-gap-fetch", "enable.auto.commit": False})
+
+def fetch_range(
+    conf: dict[str, Any], topic: str, partition: int, start: int, end: int, timeout_s: float = 30
+) -> list[Any]:
+    """Every record at offsets ``[start, end)`` of one partition, read directly
+    (confluent-kafka ``Message`` objects, in offset order). The worker uses it to refine
+    records its Faust stream skipped: raw offsets are contiguous, so a gap between two
+    consecutive events of a partition is a record that was never handed to the agent.
+
+    The range is read whole or not at all: it is whole once a record at ``end - 1`` or
+    beyond was read, or the consumer's position passed it (offsets in between that it never
+    returned are gone: deleted by retention, compacted, or control records). Anything less
+    by ``timeout_s`` raises :class:`IncompleteFetch`: returning part of the range, the caller
+    would declare all of it handled and commit past records it never refined."""
+    from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+    c = Consumer(
+        {
+            **conf,
+            "group.id": "refinery-gap-fetch",
+            "enable.auto.commit": False,
+            # offsets deleted meanwhile: read from the log's start, not its end
+            "auto.offset.reset": "earliest",
+            "enable.partition.eof": True,
+        }
+    )
     out: list[Any] = []
+    reached = start  # every offset below it is read or gone
     try:
         c.assign([TopicPartition(topic, partition, start)])
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            for m in c.consume(num_messages=max(1, end - start), timeout=0.5):
-                if m.error() is None and start <= int(m.offset() or 0) < end:
+        while reached < end and time.monotonic() < deadline:
+            for m in c.consume(num_messages=max(1, min(end - reached, 10_000)), timeout=0.5):
+                err = m.error()
+                if err is not None and err.code() != KafkaError._PARTITION_EOF:
+                    continue
+                off = int(m.offset() or 0)
+                if err is None and start <= off < end and off >= reached:
                     out.append(m)
-            if out and int(out[-1].offset() or 0) >= end - 1:
-                break
+                reached = max(reached, off + 1 if err is None else off)
     finally:
         c.close()
+    if reached < end:
+        raise IncompleteFetch(
+            f"{topic}[{partition}]: read offsets {start}..{reached - 1} of {start}..{end - 1}"
+            f" in {timeout_s:.0f} s"
+        )
     return out

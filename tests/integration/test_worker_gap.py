@@ -1,0 +1,60 @@
+"""The worker's gap re-fetch (``services.worker.watch.fetch_range``) against the real broker:
+a range is returned whole (offsets deleted by retention count as read) or not at all, so the
+worker never declares offsets handled that it did not refine."""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+
+import pytest
+from confluent_kafka import Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from services.worker.watch import IncompleteFetch, fetch_range
+
+pytestmark = [pytest.mark.kafka]
+
+
+@pytest.fixture
+def topic_with_records() -> tuple[str, str]:
+    bootstrap = os.environ.get("REFINERY_TEST_BOOTSTRAP")
+    if not bootstrap:
+        pytest.skip("REFINERY_TEST_BOOTSTRAP is not set")
+    topic = f"gap-{uuid.uuid4().hex[:8]}"
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(30)
+    p = Producer({"bootstrap.servers": bootstrap})
+    for i in range(50):
+        p.produce(topic, value=f"v{i}".encode(), partition=0)
+    assert p.flush(30) == 0
+    return bootstrap, topic
+
+
+def test_a_range_is_read_whole(topic_with_records: tuple[str, str]) -> None:
+    bootstrap, topic = topic_with_records
+    got = fetch_range({"bootstrap.servers": bootstrap}, topic, 0, 10, 40)
+    assert [m.offset() for m in got] == list(range(10, 40))
+    assert got[0].value() == b"v10"
+
+
+def test_a_range_past_the_end_of_the_log_is_refused_not_returned_in_part(
+    topic_with_records: tuple[str, str],
+) -> None:
+    """Offsets 45..59 of a log of 50: the 5 that exist are not returned as if they were all
+    (the worker would commit past 50..59, never refined)."""
+    bootstrap, topic = topic_with_records
+    t0 = time.monotonic()
+    with pytest.raises(IncompleteFetch, match=r"read offsets 45\.\.49 of 45\.\.59"):
+        fetch_range({"bootstrap.servers": bootstrap}, topic, 0, 45, 60, timeout_s=3)
+    assert time.monotonic() - t0 < 15
+
+
+def test_offsets_deleted_by_retention_count_as_read(topic_with_records: tuple[str, str]) -> None:
+    bootstrap, topic = topic_with_records
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for f in admin.delete_records([TopicPartition(topic, 0, 20)]).values():
+        f.result(30)
+    got = fetch_range({"bootstrap.servers": bootstrap}, topic, 0, 5, 30)
+    assert [m.offset() for m in got] == list(range(20, 30))
