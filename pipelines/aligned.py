@@ -11,7 +11,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipelines.clock import ClockEstimate, align
+from pipelines.clock import ClockEstimate, align, row_errors
 from schemas.wire import COLLECTIVES_SCHEMA, EVENTS_SCHEMA, Batch, PayloadKind
 
 
@@ -54,12 +54,20 @@ def align_records(batch: Batch, estimate: ClockEstimate, position: tuple[int, in
     schema = ALIGNED_SCHEMAS[env.kind]
     ts_source = t.column("ts_ns")
     ts, offset, error = align(ts_source, estimate)
+    errors = pa.repeat(pa.scalar(error, pa.int64()), n)
+    if estimate.error_rate:  # a bound from exchanges grows off its anchor
+        errors = row_errors(
+            ts_source,
+            pa.repeat(pa.scalar(estimate.anchor_ns, pa.int64()), n),
+            errors,
+            pa.repeat(pa.scalar(estimate.error_rate, pa.float64()), n),
+        )
     cols: dict[str, pa.Array | pa.ChunkedArray] = {
         "node": pa.repeat(pa.scalar(env.source.node), n),
         "ts": ts,
         "ts_source": ts_source,
         "clock_offset_ns": offset,
-        "clock_error_ns": pa.repeat(pa.scalar(error, pa.int64()), n),
+        "clock_error_ns": errors,
         "exporter": pa.repeat(pa.scalar(env.source.exporter), n),
         "boot_id": pa.repeat(pa.scalar(env.source.boot_id), n),
         "seq": pa.repeat(pa.scalar(env.seq, pa.int64()), n),

@@ -159,10 +159,13 @@ class ExchangeLog:
         if self._items and abs(self._items[-1][1] - (wall_ns - mono_ns)) > STEP_TOL_NS:
             self._items = None
 
-    def carried(self, partition: int | None = None) -> list[Exchange]:
+    def carried(self, partition: int | None = None, skew: int | None = None) -> list[Exchange]:
         """What a batch carries: on ``partition`` (None: the newest exchange's), the
-        newest ``newest`` exchanges and the tightest of the rest, at most :data:`CARRIED`."""
-        items = [e for e, _ in self._items or []]
+        newest ``newest`` exchanges and the tightest of the rest, at most :data:`CARRIED`.
+        ``skew``: the ``wall - monotonic`` when the batch's rows were stamped, when known;
+        only exchanges taken on the same setting of the wall clock then (rows stamped
+        before a step and sent after it are bounded by the exchanges before it)."""
+        items = [e for e, k in self._items or [] if skew is None or abs(k - skew) <= STEP_TOL_NS]
         if not items:
             return []
         part = items[-1].partition if partition is None else partition

@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipelines._arrow import column, repeat_strings, true_mask
-from pipelines.clock import ClockEstimate, ClockEstimator, ClockSettings
+from pipelines.clock import ClockEstimate, ClockEstimator, ClockSettings, row_errors
 from pipelines.counters import (
     CounterLayout,
     CounterPart,
@@ -292,6 +292,8 @@ def _refine_wave(
     ts_source = column(acc, "ts_ns")
     ts, offset = _align_rows(ts_source, [x.clock for x in live], per)
     error = column(per, "clock_error_ns")
+    if any(x.clock.error_rate for x in live):  # bounds from exchanges grow off their anchor
+        error = row_errors(ts_source, column(per, "anchor_ns"), error, column(per, "error_rate"))
 
     # counters: every stream of the wave in one pass, each with its own state
     keys = [x.item.batch.envelope.source.stream_key() for x in live]
@@ -428,6 +430,7 @@ def _per_batch(live: list[_Live], marks: list[int | None], counts: Any) -> pa.Ta
             "clock_error_ns": rep([c.error_ns for c in clocks], np.int64),
             "anchor_ns": rep([c.anchor_ns for c in clocks], np.int64),
             "drift": rep([c.drift_ppm * 1e-6 for c in clocks], np.float64),
+            "error_rate": rep([c.error_rate for c in clocks], np.float64),
             "floor": floor,
         }
     )

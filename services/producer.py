@@ -14,6 +14,15 @@ is dropped silently.
 Delivery reports go to ``on_delivery(envelope_key, error, partition, offset)`` when given, so a
 caller (the simulator) can record exactly which batches were acknowledged.
 
+Exchanges with the broker: on a topic with ``LogAppendTime`` each delivery report carries the
+broker's append time ``A`` of the record. With the wall clock read just before ``produce()``
+(``S``) and when the report is served (``R``) it bounds this host's clock offset to the
+partition leader's (:mod:`pipelines.clock_bounds`). The producer keeps its recent exchanges
+(:attr:`BatchProducer.exchanges`) and :meth:`BatchProducer.send` carries them in each batch's
+clock block. Reports are served by :meth:`poll`/:meth:`send`: an exporter that polls often
+keeps ``R - S`` (and so the bound) small. ``on_exchange(tag, exchange, mono_sent, mono_ack)``
+hands each one to a caller that keeps its own (the simulator, whose clocks are simulated).
+
 Example::
 
     p = BatchProducer(KafkaSettings(), topic="telemetry.raw")
@@ -33,15 +42,23 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-from confluent_kafka import KafkaError, KafkaException, Message, Producer
+from confluent_kafka import (
+    TIMESTAMP_LOG_APPEND_TIME,
+    KafkaError,
+    KafkaException,
+    Message,
+    Producer,
+)
 
+from pipelines.clock_bounds import Exchange, ExchangeLog
 from schemas.codec import ARROW, encode
-from schemas.wire import Envelope
+from schemas.wire import ClockBlock, Envelope
 from services.settings import KafkaSettings
 
 log = logging.getLogger(__name__)
 
 DeliveryCallback = Callable[[str, "KafkaError | None", int, int], None]
+ExchangeCallback = Callable[[str, Exchange, int, int], None]
 
 
 @dataclass
@@ -89,6 +106,7 @@ class BatchProducer:
         spool_max_batches: int = 10_000,
         on_delivery: DeliveryCallback | None = None,
         extra_conf: dict[str, Any] | None = None,
+        on_exchange: ExchangeCallback | None = None,
     ) -> None:
         conf: dict[str, Any] = {
             **kafka.librdkafka(),
@@ -107,6 +125,8 @@ class BatchProducer:
         self.content_type = content_type
         self.stats = ProducerStats()
         self._on_delivery = on_delivery
+        self._on_exchange = on_exchange
+        self.exchanges = ExchangeLog()
         self._spool: collections.deque[_Pending] = collections.deque()
         self._spool_max = spool_max_batches
         self._spool_dir = spool_dir
@@ -117,12 +137,25 @@ class BatchProducer:
     # -- sending ----------------------------------------------------------------------------
 
     def send(self, envelope: Envelope, table: pa.Table, *, key: str | None = None) -> None:
-        """Encode and enqueue one batch; never blocks for long (it spools instead)."""
+        """Encode and enqueue one batch, its clock block carrying the producer's recent
+        exchanges; never blocks for long (it spools instead)."""
+        envelope = self.with_exchanges(envelope)
         ct, body = encode(envelope, table, self.content_type)
         tag = f"{envelope.source.key()}|{envelope.seq}"
         self.send_encoded(
             (key or envelope.source.node).encode(), body, (("content-type", ct.encode()),), tag
         )
+
+    def with_exchanges(self, envelope: Envelope) -> Envelope:
+        """``envelope`` whose clock block (one with source ``none`` when it has none) carries
+        the recent exchanges; as it is while there are none."""
+        self.exchanges.check(time.time_ns(), time.monotonic_ns())
+        carried = self.exchanges.carried()
+        if not carried:
+            return envelope
+        clock = envelope.clock or ClockBlock(source="none")
+        clock = clock.model_copy(update={"exchanges": [tuple(e.as_list()) for e in carried]})
+        return envelope.model_copy(update={"clock": clock})
 
     def send_encoded(
         self,
@@ -149,7 +182,8 @@ class BatchProducer:
                 key=item.key,
                 headers=list(item.headers),
                 timestamp=item.timestamp_ms,
-                on_delivery=self._delivered(item),
+                # read last: the append happens after them (pipelines.clock_bounds)
+                on_delivery=self._delivered(item, time.time_ns(), time.monotonic_ns()),
             )
         except BufferError:
             return False
@@ -159,10 +193,13 @@ class BatchProducer:
         self.stats.sent += 1
         return True
 
-    def _delivered(self, item: _Pending) -> Callable[[KafkaError | None, Message], None]:
+    def _delivered(
+        self, item: _Pending, sent_ns: int, mono_sent: int
+    ) -> Callable[[KafkaError | None, Message], None]:
         def cb(err: KafkaError | None, msg: Message) -> None:
             if err is None:
                 self.stats.acked += 1
+                self._exchanged(item, msg, sent_ns, mono_sent)
             else:
                 self.stats.failed += 1
                 # a timed-out batch is kept: back into the spool for another try. It may
@@ -181,6 +218,17 @@ class BatchProducer:
                 )
 
         return cb
+
+    def _exchanged(self, item: _Pending, msg: Message, sent_ns: int, mono_sent: int) -> None:
+        ack_ns, mono_ack = time.time_ns(), time.monotonic_ns()
+        kind, append_ms = msg.timestamp()
+        part = msg.partition()
+        if kind != TIMESTAMP_LOG_APPEND_TIME or part is None:
+            return  # a CreateTime topic: the stamp is ours, it bounds nothing
+        ex = Exchange(sent_ns, append_ms, ack_ns, part)
+        self.exchanges.add(ex, mono_sent, mono_ack)
+        if self._on_exchange is not None:
+            self._on_exchange(item.tag, ex, mono_sent, mono_ack)
 
     # -- spool ------------------------------------------------------------------------------
 
@@ -235,9 +283,15 @@ class BatchProducer:
     # -- lifecycle --------------------------------------------------------------------------
 
     def poll(self, timeout: float = 0.0) -> None:
-        """Serve delivery callbacks and retry spooled batches."""
-        self._producer.poll(timeout)
-        self._drain_spool()
+        """Serve delivery callbacks and retry spooled batches for ``timeout`` seconds, each
+        report as it arrives (its exchange's ack time is then when it came, not when the
+        wait ended)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            self._producer.poll(max(0.0, deadline - time.monotonic()))
+            self._drain_spool()
+            if time.monotonic() >= deadline:
+                return
 
     def flush(self, timeout: float = 30.0) -> int:
         """Wait for outstanding deliveries; returns how many remain unacknowledged."""

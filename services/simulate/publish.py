@@ -13,6 +13,16 @@ from a second producer session, events → ``topics.events`` (key node), collect
 ``topics.collectives`` (key job), topology entities → ``topics.topology`` (JSON, key id), jobs →
 ``topics.jobs`` (JSON, key job). The topology is published and acknowledged before the true
 clock starts; the jobs are published at its start (``JobPlacement.start_ns`` = ``start_ns``).
+
+Exchanges (speed 1 only, where the broker's clock is the true one): each acknowledged record
+of a node's batch is an exchange of that node's exporter with the broker
+(:mod:`pipelines.clock_bounds`): the wall-clock send and ack times the producer read, put on
+the node's simulated clock, with the broker's append time. Each node keeps its own
+:class:`~pipelines.clock_bounds.ExchangeLog` per stream (its simulated monotonic clock is its
+oscillator without the steps, so a step drops its exchanges as a real exporter's would), and
+its batches carry them in their clock block, as :meth:`BatchProducer.send` does for the
+exporters. At other speeds the simulated clocks bear no relation to the broker's: no
+exchanges are carried.
 """
 
 from __future__ import annotations
@@ -28,9 +38,12 @@ from typing import Any
 
 from confluent_kafka import KafkaError
 
+from pipelines.clock_bounds import Exchange, ExchangeLog
 from schemas.codec import JSON
+from schemas.wire import ClockBlock
 from services.producer import BatchProducer
 from services.settings import KafkaSettings
+from services.simulate.clocks import NodeClocks
 from services.simulate.engine import Message, SendKind, Simulation, Stream
 from services.simulate.truth import TruthWriter
 
@@ -103,24 +116,85 @@ class _Publisher:
         truth: TruthWriter | None,
         extra_conf: dict[str, Any] | None,
         stamp_due: bool = False,
+        sim: Simulation | None = None,
     ) -> None:
         self.topics, self.truth, self.p = topics, truth, Progress()
         self.stamp_due = stamp_due
         self.pending: dict[int, tuple[Message, str]] = {}
         self.msg_no = 0
+        # exchanges (speed 1): the simulation whose clocks they are read on, each node's
+        # log per stream, and the node and stream of each message awaiting its report
+        self.sim = sim
+        self.nodes = {n: i for i, n in enumerate(sim.cluster.node_names)} if sim else {}
+        self.logs: dict[tuple[int, Stream], ExchangeLog] = {}
+        self.sources: dict[int, tuple[int, Stream]] = {}
 
         def prod(topic: str) -> BatchProducer:
             return BatchProducer(
-                kafka, topic=topic, on_delivery=self.delivered, extra_conf=extra_conf
+                kafka,
+                topic=topic,
+                on_delivery=self.delivered,
+                extra_conf=extra_conf,
+                on_exchange=self.exchanged if sim is not None else None,
             )
 
         self.producers = {s: prod(topics.of(s)) for s in Stream}
         self.dup_session = prod(topics.raw)  # a second producer session: a new producer id
 
+    def exchanged(self, tag: str, ex: Exchange, mono_sent: int, mono_ack: int) -> None:
+        """A report of a node's batch: an exchange of that node's exporter, on its clock."""
+        src = self.sources.get(int(tag)) if tag.isdigit() else None
+        if src is None or self.sim is None:
+            return
+        clocks, i = self.sim.clocks, src[0]
+        node_ex = Exchange(
+            ex.sent_ns + _node_offset(clocks, i, ex.sent_ns),
+            ex.append_ms,
+            ex.ack_ns + _node_offset(clocks, i, ex.ack_ns),
+            ex.partition,
+        )
+        mono_s = ex.sent_ns + _node_offset(clocks, i, ex.sent_ns, steps=False)
+        mono_a = ex.ack_ns + _node_offset(clocks, i, ex.ack_ns, steps=False)
+        self.logs.setdefault(src, ExchangeLog()).add(node_ex, mono_s, mono_a)
+
+    def with_exchanges(self, msg: Message) -> None:
+        """Put the node's exchanges into ``msg``'s clock block (a batch of a known node)."""
+        env = msg.envelope
+        i = self.nodes.get(env.source.node) if env is not None else None
+        if env is None or i is None or self.sim is None:
+            return
+        if msg.kind not in (SendKind.BATCH, SendKind.LATE):
+            return  # a resend is the same bytes; a malformed record has no clock to bound
+        self.sources[self.msg_no] = (i, msg.stream)
+        log = self.logs.get((i, msg.stream))
+        if log is None:
+            return
+        # the node's wall - monotonic when the batch was stamped: exchanges on that setting
+        clocks, t = self.sim.clocks, msg.sent_true_ns
+        carried = log.carried(skew=_node_offset(clocks, i, t) - _node_offset(clocks, i, t, False))
+        if not carried:
+            return
+        clock = env.clock or ClockBlock(source="none")
+        clock = clock.model_copy(update={"exchanges": [tuple(e.as_list()) for e in carried]})
+        msg.envelope = env.model_copy(update={"clock": clock})
+        msg.body = None
+
+    def wait(self, seconds: float) -> None:
+        """Sleep ``seconds``, serving delivery reports as they arrive (their ack times)."""
+        deadline = time.monotonic() + seconds
+        raw = self.producers[Stream.RAW]
+        others = [self.producers[Stream.EVENTS], self.producers[Stream.COLLECTIVES]]
+        while (left := deadline - time.monotonic()) > 0:
+            raw.poll(min(left, 0.005))
+            for prod in others:
+                prod.poll(0)
+
     def delivered(self, tag: str, err: KafkaError | None, partition: int, offset: int) -> None:
         if not tag.isdigit():
             return
         no = int(tag)
+        if err is None or not (err.retriable() or err.code() == KafkaError._MSG_TIMED_OUT):
+            self.sources.pop(no, None)
         item = self.pending.get(no)
         if item is None:
             return
@@ -139,8 +213,9 @@ class _Publisher:
             self.truth.acked(msg, no, topic, partition, 0 if offset < 0 else offset)
 
     def send(self, msg: Message) -> None:
-        ct, body = msg.encode()
         self.msg_no += 1
+        self.with_exchanges(msg)
+        ct, body = msg.encode()
         topic = self.topics.of(msg.stream)
         self.pending[self.msg_no] = (msg, topic)
         prod = self.dup_session if msg.kind is SendKind.DUPLICATE else self.producers[msg.stream]
@@ -154,6 +229,17 @@ class _Publisher:
         for prod in (*self.producers.values(), self.dup_session):
             left += prod.close(timeout)
         return left
+
+
+def _node_offset(clocks: NodeClocks, i: int, true_ns: int, steps: bool = True) -> int:
+    """Node ``i``'s clock error at ``true_ns`` (:meth:`NodeClocks.offsets` of one node);
+    ``steps`` False: its oscillator alone (what its monotonic clock follows)."""
+    off = int(clocks.offset0[i]) + int(clocks.drift_ppm[i] * 1e-6 * (true_ns - clocks.start_ns))
+    if steps:
+        for node, at, size in zip(clocks.step_node, clocks.step_at, clocks.step_ns, strict=True):
+            if node == i and true_ns >= at:
+                off += size
+    return off
 
 
 def _send_json(prod: BatchProducer, items: list[tuple[str, str]]) -> None:
@@ -182,6 +268,7 @@ def publish(
     extra_conf: dict[str, Any] | None = None,
     flush_timeout_s: float = 120.0,
     stamp_due: bool = False,
+    hold_s: Callable[[float], float] | None = None,
 ) -> PublishReport:
     """Publish the whole simulation (blocks until it ends, ``stop()`` is true or Ctrl-C), then
     flush and write the truth. Returns a :class:`PublishReport`. Raises what the producer raises
@@ -191,16 +278,21 @@ def publish(
     (for topics with CreateTime). A backlog published at ``speed=0`` then carries the arrival
     times it would have had, as a real backlog in LogAppendTime topics does; otherwise every
     record of it looks appended at once and the sources' clocks look ahead by up to the
-    simulated duration."""
+    simulated duration.
+
+    ``hold_s``: a loaded exporter host (paced runs): each message is handed to the producer
+    ``hold_s(seconds since the start)`` after it is due, its stamps left as they were."""
     topics = topics or Topics()
     fast = speed <= 0 or math.isinf(speed)
     conf = dict(extra_conf or {})
     if not fast:
-        conf.setdefault("linger.ms", 5)  # paced: arrival time matters more than batching
+        # paced: arrival time matters more than batching, and the exchanges' round trips
+        # (pipelines.clock_bounds) are the producer's delay
+        conf.setdefault("linger.ms", 0)
     truth = TruthWriter(truth_path) if truth_path is not None else None
     # producers first (they fetch their idempotent producer ids meanwhile), then the topology,
     # and only then the true clock starts, so the first batches are not late by the set-up time
-    pub = _Publisher(kafka_settings, topics, truth, conf, stamp_due)
+    pub = _Publisher(kafka_settings, topics, truth, conf, stamp_due, sim if speed == 1 else None)
     jobs_prod = BatchProducer(kafka_settings, topic=topics.jobs)
     publish_topology(sim, kafka_settings, topics.topology)
     if sim.start_ns is None:
@@ -214,8 +306,10 @@ def publish(
             for msg in tick.messages:
                 if not fast:
                     wait = (msg.due_ns - start) / speed / 1e9 - (time.monotonic() - wall0)
+                    if hold_s is not None:
+                        wait += hold_s((msg.due_ns - start) / 1e9)
                     if wait > 0.002:
-                        time.sleep(wait)
+                        pub.wait(wait)
                 pub.send(msg)
             pub.p.ticks = tick.index
             now = time.monotonic()
