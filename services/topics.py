@@ -16,6 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from schemas.errors import ConfigError
+from schemas.ingest import Format
 
 DEFAULT_SPEC = Path(__file__).resolve().parent.parent / "deploy" / "topics.yaml"
 
@@ -29,6 +30,9 @@ class TopicSpec(BaseModel):
     key: str = ""
     what: str = ""
     config: dict[str, str] = Field(default_factory=dict)
+    # what its records are (schemas.ingest.Format): refinery (native, by content-type) or
+    # a foreign format a site's producers send without headers (otlp, influx, ...)
+    format: Format = Format.REFINERY
 
 
 @dataclass(frozen=True)

@@ -118,8 +118,8 @@ def _parse(body: bytes, as_json: bool) -> Any:
 
 def decode_otlp(body: bytes, as_json: bool | None = None) -> Points:
     """Every number point of every metric; ``as_json`` None: told by the first byte."""
-    if as_json is None:
-        as_json = body[:1] in (b"{", b" ", b"\n")
+    if as_json is None:  # a serialized MetricsData starts with field 1's tag, 0x0a ("\n")
+        as_json = body[:1] in (b"{", b" ", b"\t", b"\r")
     data = _parse(body, as_json)
     c = _Collect()
     for rm in data.resource_metrics:

@@ -45,6 +45,7 @@ from mode import CrashingSupervisor
 from pipelines.enrich import TopologyIndex
 from pipelines.refine import RefineSettings
 from schemas.catalog import Catalog, default_catalog
+from schemas.ingest import IngestDecoder
 from services.faust_app import App as FaustApp
 from services.gc_pacer import GcPacer
 from services.settings import KafkaSettings
@@ -64,6 +65,8 @@ class InputTopics:
     collectives: str = "telemetry.collectives"
     topology: str = "topology"
     jobs: str = "jobs"
+    # ingest topics of foreign formats, (topic, format) (schemas.ingest): refined with raw
+    ingest: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -241,9 +244,10 @@ def build_app(
         index: TopologyIndex = index_cache["index"]
         return index
 
-    def raw_topic(name: str, partitions: int) -> Any:
+    def raw_topic(name: str, partitions: int, *more: str) -> Any:
         return app.topic(
             name,
+            *more,
             key_type=bytes,
             value_type=bytes,
             key_serializer="raw",
@@ -267,8 +271,10 @@ def build_app(
 
         return load
 
+    ingest = IngestDecoder(dict(cfg.inputs.ingest), cat) if cfg.inputs.ingest else None
     refiner = Refiner(
-        cat, cfg.outputs, topology, loader(refine_streams), loader(refine_nodes), cfg.refine
+        cat, cfg.outputs, topology, loader(refine_streams), loader(refine_nodes), cfg.refine,
+        ingest,
     )
     aligner = Refiner(cat, cfg.outputs, topology, loader(align_streams), lambda _: None, cfg.refine)
 
@@ -468,7 +474,8 @@ def build_app(
         return end(), changelog is not None
 
     @app.agent(
-        raw_topic(cfg.inputs.raw, cfg.raw_partitions), supervisor_strategy=CrashingSupervisor
+        raw_topic(cfg.inputs.raw, cfg.raw_partitions, *(t for t, _ in cfg.inputs.ingest)),
+        supervisor_strategy=CrashingSupervisor,
     )
     async def refine(stream: Any) -> None:
         async for _ in run_groups(stream, refiner, refine_streams, refine_nodes, refine_cp):
@@ -512,6 +519,7 @@ def build_app(
         log.info("topology feed %s", "caught up" if caught else "not caught up after 60 s")
 
     inputs = {cfg.inputs.raw, cfg.inputs.events, cfg.inputs.collectives}
+    inputs |= {t for t, _ in cfg.inputs.ingest}
 
     @app.on_partitions_assigned.connect  # type: ignore[arg-type]
     async def on_assigned(app_: Any, assigned: Any, **kwargs: Any) -> None:

@@ -6,6 +6,7 @@ import argparse
 import logging
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -99,6 +100,27 @@ def _partitions(conf: dict[str, Any], topic: str, default: int) -> int:
     return _shape(conf, topic, (default, 1))[0]
 
 
+def _ingest_topics(conf: dict[str, Any], prefix: str) -> tuple[tuple[str, str], ...]:
+    """(topic, format) of the ingest topics declared in deploy/topics.yaml (a foreign
+    format) that exist on the cluster with as many partitions as the raw topic: the worker
+    refines them with it, its state co-partitioned."""
+    from confluent_kafka.admin import AdminClient
+
+    from services.topics import load_topic_specs
+
+    specs = [s for s in load_topic_specs(prefix=prefix) if s.format != "refinery"]
+    if not specs:
+        return ()
+    md = AdminClient({**conf, "log_level": 3}).list_topics(timeout=15)
+    raw = md.topics.get(prefix + "telemetry.raw")
+    want = len(raw.partitions) if raw is not None and raw.partitions else None
+    return tuple(
+        (s.name, s.format)
+        for s in specs
+        if s.name in md.topics and (want is None or len(md.topics[s.name].partitions) == want)
+    )
+
+
 def _use_uvloop() -> None:
     """uvloop's transports write large produce requests without asyncio's quadratic buffer
     copying (3.11 keeps unsent bytes in one bytearray and deletes from its front); the
@@ -152,6 +174,7 @@ def run(args: argparse.Namespace, settings: RefinerySettings) -> int:
             )
         )
     )
+    inputs = replace(inputs, ingest=_ingest_topics(kafka.librdkafka(), pre))
     outputs = OutputTopics(
         *(
             pre + t

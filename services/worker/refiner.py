@@ -42,6 +42,7 @@ from pipelines.refine import (
 from schemas.catalog import Catalog
 from schemas.codec import ARROW, content_type_of, decode, ipc_stream
 from schemas.errors import RejectedInput
+from schemas.ingest import IngestDecoder, Position
 from schemas.records import (
     Alert,
     AlertState,
@@ -121,8 +122,10 @@ class Refiner:
         load_stream: Callable[[str], bytes | None],
         load_node: Callable[[str], bytes | None],
         settings: RefineSettings | None = None,
+        ingest: IngestDecoder | None = None,
     ) -> None:
         self.catalog = catalog
+        self.ingest = ingest  # topics of foreign formats (schemas.ingest); None: native only
         self.topics = topics
         self._topology = topology
         self._load_stream = load_stream
@@ -222,7 +225,7 @@ class Refiner:
         for i, rec in enumerate(recs):
             ct = content_type_of(rec.headers)
             try:
-                batch = decode(rec.value, ct)
+                batch = self._decode(rec, ct)
             except RejectedInput as e:
                 outs[i] = self._reject_record(rec, ct, e, now_ns)
                 continue
@@ -309,6 +312,13 @@ class Refiner:
                 last = outs[max(i for i, _, _, _ in part)]
                 assert last is not None
                 last.messages.insert(0, msg)
+
+    def _decode(self, rec: RawRecord, ct: str | None) -> Batch:
+        """The record's batch: by its topic's declared format when it is an ingest topic."""
+        if self.ingest is None:
+            return decode(rec.value, ct)
+        at = Position(rec.partition, rec.offset, rec.append_ms * 1_000_000, rec.key)
+        return self.ingest.decode(rec.topic, rec.value, ct, at)
 
     def _samples(self, rec: RawRecord, batch: Batch, r: RefineResult, now_ns: int) -> Outcome:
         src = batch.envelope.source
