@@ -537,20 +537,27 @@ def _hull_push(hull: list[tuple[int, int]], p: tuple[int, int]) -> None:
 def bounded(
     est: ClockEstimate, x: int, clock: ClockBlock | None, drift_ppm: float = DRIFT_PPM
 ) -> ClockEstimate:
-    """``est`` held to the hard interval the clock block's exchanges give at source time
-    ``x`` (:func:`pipelines.clock_bounds.hard_interval`): the offset is the model's, moved
-    into the interval when outside it; the bound is its distance to the interval's farther
-    end, growing by ``|drift| + drift_ppm`` per ns away from ``x``. The model tightens
-    the point within the interval, never the bound beyond it. ``est`` as it is without
-    exchanges."""
+    """``est`` held to the hard interval ``[lo, hi]`` the clock block's exchanges give at
+    source time ``x`` (:func:`pipelines.clock_bounds.hard_interval`).
+
+    The offset is the interval's middle, or, where the model's own interval ``offset ±
+    error`` is narrower and meets it, the middle of the two's intersection: the model
+    tightens the point, never the bound. The bound is the offset's distance to the hard
+    interval's farther end, growing by ``|drift| + drift_ppm`` per ns away from ``x``.
+    ``est`` as it is without exchanges."""
     if clock is None or not clock.exchanges:
         return est
     hard = hard_interval(exchanges_of(clock.exchanges), x, drift_ppm)
     if hard is None:
         return est
     lo, hi, _ = hard
-    offset = est.offset_at(x) if est is not UNKNOWN else (lo + hi) // 2
-    offset = min(max(offset, lo), hi)
+    a, b = lo, hi
+    if est is not UNKNOWN and 2 * est.error_ns < hi - lo:
+        m = est.offset_at(x)
+        a2, b2 = max(lo, m - est.error_ns), min(hi, m + est.error_ns)
+        if a2 <= b2:
+            a, b = a2, b2
+    offset = (a + b) // 2
     drift = min(max(est.drift_ppm, -drift_ppm), drift_ppm)
     return replace(
         est,
