@@ -140,9 +140,9 @@ def _feed(now: int) -> Feed:
         ),
         # wrong types in every envelope field
         *[
-            (lambda k=k, v=v: f.json_mutant("h6", k, v))
+            _mutant(f, k, v)
             for k in ("seq", "sent_ns", "interval_ns", "kind", "source", "schema_version")
-            for v in ("x", -1, 1.5, [], {}, None, 2**64)
+            for v in _WRONG
         ],
         # a column of the wrong type, a ts past int64, a raw past uint64
         lambda: f.add(
@@ -223,6 +223,13 @@ def _feed(now: int) -> Feed:
     return f
 
 
+_WRONG: tuple[object, ...] = ("x", -1, 1.5, [], {}, None, 2**64)  # values of every wrong type
+
+
+def _mutant(f: Feed, field: str, value: object) -> Any:
+    return lambda: f.json_mutant("h6", field, value)
+
+
 def _rss_peak_mib(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmHWM:"):
@@ -244,7 +251,7 @@ def test_hostile_records_fail_alone_and_the_worker_goes_on(
         assert p.flush(60) == 0
         acc = accounting(kafka_bootstrap, prefix, expect=len(feed.items), timeout=240)
         assert w.proc.poll() is None, w.tail()
-        by_offset = {int(a["raw_offset"]): a for a in acc}
+        by_offset = {int(str(a["raw_offset"])): a for a in acc}
         assert len(acc) == len(by_offset) == len(feed.items), w.tail()
 
         # each record's fate, as predicted
@@ -267,7 +274,7 @@ def test_hostile_records_fail_alone_and_the_worker_goes_on(
 
         # every bad record dead-lettered whole, with its reason
         dl_topic = prefix + "telemetry.deadletter"
-        dls = [json.loads(v) for _, v, _ in read_all(kafka_bootstrap, dl_topic, idle=5)]
+        dls = [json.loads(v or b"") for _, v, _ in read_all(kafka_bootstrap, dl_topic, idle=5)]
         whole = {d["offset"]: d["reason"] for d in dls if d["scope"] == "record"}
         assert whole == {off: e["reason"] for off, e in enumerate(feed.expect) if e["reason"]}
         nan_dl = [d for d in dls if d["scope"] == "samples"]
