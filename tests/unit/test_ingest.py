@@ -188,3 +188,68 @@ def test_several_hosts_in_one_message_are_rejected_by_name() -> None:
     with pytest.raises(RejectedInput) as e:
         DEC.decode("lp", body, None, Position(0, 1, NOW, None))
     assert e.value.reason is Reason.BAD_ENVELOPE and "2 nodes" in e.value.detail
+
+
+def _sdk_otlp(delta: bool) -> list[bytes]:
+    """Two collections of the OpenTelemetry SDK, encoded by its own OTLP encoder."""
+    from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
+    from opentelemetry.sdk.metrics import Counter, Histogram, MeterProvider
+    from opentelemetry.sdk.metrics.export import AggregationTemporality, InMemoryMetricReader
+    from opentelemetry.sdk.resources import Resource
+
+    temporality = AggregationTemporality.DELTA if delta else AggregationTemporality.CUMULATIVE
+    reader = InMemoryMetricReader(
+        preferred_temporality={Counter: temporality, Histogram: temporality}
+    )
+    provider = MeterProvider(resource=Resource.create({"host.name": "g7"}), metric_readers=[reader])
+    meter = provider.get_meter("t")
+    net = meter.create_counter("system.network.io", unit="By")
+    util = meter.create_gauge("hw.gpu.utilization", unit="1")
+    lat = meter.create_histogram("rpc.duration", unit="ms")
+    out = []
+    for i in range(2):
+        net.add(4096, {"device": "ib0", "direction": "transmit"})
+        util.set(0.25 * (i + 1), {"hw.id": "gpu3"})
+        lat.record(5.0)
+        data = reader.get_metrics_data()
+        assert data is not None
+        out.append(encode_metrics(data).SerializeToString())
+    provider.shutdown()
+    return out
+
+
+def test_otlp_cumulative_sums_are_counters_with_the_start_time_as_boot() -> None:
+    first, second = (
+        DEC.decode("otlp", b, None, Position(0, 1, NOW, None)) for b in _sdk_otlp(False)
+    )
+    assert first.envelope.source.node == "g7" and first.envelope.source.exporter == "otlp"
+    assert first.envelope.source.boot_id.startswith("start-")
+    assert first.envelope.source.boot_id == second.envelope.source.boot_id
+    r1, r2 = _rows(first.table), _rows(second.table)
+    assert (r1[("net.tx_bytes", "ib0")]["raw"], r2[("net.tx_bytes", "ib0")]["raw"]) == (4096, 8192)
+    assert r2[("gpu.util", "gpu3")]["value"] == 50.0  # a ratio, in the catalog's %
+    assert r2[("rpc.duration.count", "node")]["value"] == 2.0  # histograms: count and sum
+    # a restarted process starts counting again: a new start time, a new boot id
+    again = DEC.decode("otlp", _sdk_otlp(False)[0], None, Position(0, 2, NOW, None))
+    assert again.envelope.source.boot_id != first.envelope.source.boot_id
+
+
+def test_otlp_delta_sums_become_rates_never_counters() -> None:
+    b = DEC.decode("otlp", _sdk_otlp(True)[1], "application/x-protobuf", Position(0, 1, NOW, None))
+    rows = _rows(b.table)
+    assert ("net.tx_bytes", "ib0") not in rows
+    assert ("net.tx_bytes_rate", "ib0") in rows and rows[("net.tx_bytes_rate", "ib0")][
+        "raw"
+    ] is None
+    assert rows[("net.tx_bytes_rate", "ib0")]["value"] > 0
+
+
+def test_otlp_json_decodes_like_protobuf() -> None:
+    from google.protobuf import json_format
+    from opentelemetry.proto.metrics.v1 import metrics_pb2
+
+    pb = _sdk_otlp(False)[1]
+    js = json_format.MessageToJson(metrics_pb2.MetricsData.FromString(pb)).encode()
+    a = DEC.decode("otlp", pb, None, Position(0, 1, NOW, None))
+    b = DEC.decode("otlp", js, "application/json", Position(0, 1, NOW, None))
+    assert a.table.equals(b.table) and a.envelope == b.envelope
