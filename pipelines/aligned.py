@@ -22,6 +22,7 @@ def _lineage_fields() -> list[pa.Field]:
         pa.field("ts_source", pa.int64(), nullable=False),
         pa.field("clock_offset_ns", pa.int64(), nullable=False),
         pa.field("clock_error_ns", pa.int64(), nullable=False),
+        pa.field("clock_basis", pa.string()),  # see schemas.records.REFINED_SCHEMA
         pa.field("exporter", pa.string(), nullable=False),
         pa.field("boot_id", pa.string(), nullable=False),
         pa.field("seq", pa.int64(), nullable=False),
@@ -68,6 +69,7 @@ def align_records(batch: Batch, estimate: ClockEstimate, position: tuple[int, in
         "ts_source": ts_source,
         "clock_offset_ns": offset,
         "clock_error_ns": errors,
+        "clock_basis": pa.repeat(pa.scalar(estimate.basis), n),
         "exporter": pa.repeat(pa.scalar(env.source.exporter), n),
         "boot_id": pa.repeat(pa.scalar(env.source.boot_id), n),
         "seq": pa.repeat(pa.scalar(env.seq, pa.int64()), n),

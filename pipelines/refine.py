@@ -135,6 +135,8 @@ class RawBatch:
     batch: Batch
     position: Position
     log_append_ns: int
+    # False: ``log_append_ns`` is the producer's CreateTime; no clock is aligned on it
+    log_append: bool = True
 
 
 def refine_batch(
@@ -221,7 +223,8 @@ def _refine_wave(
         clock = state.clocks.get(stream)
         if clock is None:
             clock = state.clocks[stream] = ClockEstimator(settings.clock)
-        est = clock.observe(env.sent_ns, item.log_append_ns, env.clock)
+        arrival = item.log_append_ns if item.log_append else None
+        est = clock.observe(env.sent_ns, arrival, env.clock)
         live.append(_Live(i, item, seq_outcome, est))
     if not live:
         return [r for r in out if r is not None]
@@ -353,6 +356,7 @@ def _refine_wave(
         "ts_source": ts_source,
         "clock_offset_ns": offset,
         "clock_error_ns": error,
+        "clock_basis": column(per, "clock_basis"),
         "value": column(acc, "value"),
         "raw": column(acc, "raw"),
         "delta": cols.delta,
@@ -431,6 +435,7 @@ def _per_batch(live: list[_Live], marks: list[int | None], counts: Any) -> pa.Ta
             "anchor_ns": rep([c.anchor_ns for c in clocks], np.int64),
             "drift": rep([c.drift_ppm * 1e-6 for c in clocks], np.float64),
             "error_rate": rep([c.error_rate for c in clocks], np.float64),
+            "clock_basis": repeat_strings([c.basis for c in clocks], counts),
             "floor": floor,
         }
     )

@@ -40,6 +40,10 @@ REFINED_SCHEMA = pa.schema(
         pa.field("ts_source", pa.int64(), nullable=False),  # as the source stamped it
         pa.field("clock_offset_ns", pa.int64(), nullable=False),  # applied: ts = ts_source - off
         pa.field("clock_error_ns", pa.int64(), nullable=False),  # bound on |ts - true|
+        # what the bound rests on: "exchange" (the producer's exchanges with the broker: holds
+        # by construction), "assumed" (a minimum one-way delay is assumed), "create_time" (the
+        # record had no broker append time: not aligned on it); docs/clock.md
+        pa.field("clock_basis", pa.string()),
         # value
         pa.field("value", pa.float64()),  # gauge in unit; counter: cumulative in unit
         pa.field("raw", pa.uint64()),  # counters: raw reading as received

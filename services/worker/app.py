@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import faust
+from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME
 from faust.types import TP
 from mode import CrashingSupervisor
 
@@ -685,6 +686,7 @@ def _raw_record(m: Any) -> RawRecord:
         value=m.value,
         headers=_headers(m.headers),
         append_ms=round(m.timestamp * 1000),
+        log_append=getattr(m, "timestamp_type", 1) == 1,  # aiokafka: 1 LogAppendTime
     )
 
 
@@ -697,6 +699,7 @@ def _confluent_record(m: Any) -> RawRecord:
         value=m.value(),
         headers=[(k, v or b"") for k, v in (m.headers() or [])],
         append_ms=m.timestamp()[1],
+        log_append=m.timestamp()[0] == TIMESTAMP_LOG_APPEND_TIME,
     )
 
 

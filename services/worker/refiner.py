@@ -67,6 +67,9 @@ class RawRecord:
     value: bytes | None
     headers: list[tuple[str, bytes]]
     append_ms: int  # broker LogAppendTime (ms)
+    # the timestamp is the broker's append time; False: the producer's CreateTime (a topic
+    # without LogAppendTime), on which no clock is aligned (pipelines.clock)
+    log_append: bool = True
 
 
 @dataclass(frozen=True)
@@ -134,6 +137,7 @@ class Refiner:
         self.state = RefineState()
         self._loaded_streams: dict[str, str] = {}  # stream key -> current source key
         self._loaded_nodes: set[str] = set()
+        self._create_time_topics: set[str] = set()
         self._flagged: dict[str, bool] = {}
         self._onsets: dict[str, int] = {}
         self._dirty_streams: set[str] = set()
@@ -282,8 +286,8 @@ class Refiner:
             outs[i] = self._records(rec, batch, now_ns)
             return
         pending = items
-        items_ = [RawBatch(b, (r.partition, r.offset), r.append_ms * 1_000_000)
-                  for _, r, b in pending]  # fmt: skip
+        items_ = [RawBatch(b, (r.partition, r.offset), r.append_ms * 1_000_000,
+                           self._log_append(r)) for _, r, b in pending]  # fmt: skip
         results = refine_group(
             items_, self.state, self.catalog, self._topology(), now_ns, self.settings
         )
@@ -382,7 +386,8 @@ class Refiner:
         clock = self.state.clocks.get(stream)
         if clock is None:
             clock = self.state.clocks[stream] = ClockEstimator(self.settings.clock)
-        est = clock.observe(batch.envelope.sent_ns, rec.append_ms * 1_000_000, batch.envelope.clock)
+        arrival = rec.append_ms * 1_000_000 if self._log_append(rec) else None
+        est = clock.observe(batch.envelope.sent_ns, arrival, batch.envelope.clock)
         table = align_records(batch, est, position)
         topic = (
             self.topics.events
@@ -401,6 +406,18 @@ class Refiner:
         msgs = [OutMessage(topic, key, value, [("content-type", ARROW.encode())])]
         msgs.append(self._accounting(rec, "refined", n, n, 0, 0, src.node))
         return Outcome(msgs, "refined", n, n, 0, 0, {}, stream, est.offset_ns, None, est)
+
+    def _log_append(self, rec: RawRecord) -> bool:
+        """Whether ``rec`` carries the broker's append time; says once per topic when not."""
+        if not rec.log_append and rec.topic not in self._create_time_topics:
+            self._create_time_topics.add(rec.topic)
+            log.warning(
+                "%s has CreateTime stamps, not LogAppendTime: its records are not aligned on "
+                "them (rows flagged clock_basis=create_time unless their source sends "
+                "exchanges); set message.timestamp.type=LogAppendTime on the topic",
+                rec.topic,
+            )
+        return rec.log_append
 
     # -- outputs ----------------------------------------------------------------------------
 

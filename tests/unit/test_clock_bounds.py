@@ -180,3 +180,55 @@ def test_a_createtime_record_adds_no_point() -> None:
     e = est.observe(T0, None, None)
     assert e.basis == "create_time" and e.points == 0
     assert est.points == type(est.points)()
+
+
+def _refine(rows_ts: list[int], seq: int, sent: int, append_ns: int, clock: ClockBlock | None,
+            state: object, log_append: bool = True) -> list[dict[str, object]]:  # fmt: skip
+    import pyarrow as pa
+
+    from pipelines._bench import bench_catalog, bench_topology
+    from pipelines.enrich import TopologyIndex
+    from pipelines.refine import RawBatch, RefineState, refine_group
+    from schemas.wire import SAMPLES_SCHEMA, Batch, Envelope, SourceId
+
+    assert isinstance(state, RefineState)
+    rows = [{"ts_ns": t, "metric": "gpu.sm_clock", "device": "gpu0", "value": 1.0} for t in rows_ts]
+    cols = {f.name: [r.get(f.name) for r in rows] for f in SAMPLES_SCHEMA}
+    src = SourceId(node="n1", exporter="node", instance="0", boot_id="b0")
+    b = Batch(
+        envelope=Envelope(source=src, seq=seq, sent_ns=sent, clock=clock),
+        table=pa.table(cols, schema=SAMPLES_SCHEMA),
+    )
+    item = RawBatch(b, (0, seq), append_ns, log_append)
+    topo = TopologyIndex(*bench_topology("n1"))
+    (res,) = refine_group([item], state, bench_catalog(), topo, append_ns)
+    out: list[dict[str, object]] = res.refined.to_pylist()
+    return out
+
+
+def test_refined_rows_say_what_their_bound_rests_on_and_grow_off_the_anchor() -> None:
+    from pipelines.refine import RefineState
+
+    state = RefineState()
+    off = 7 * MS  # the source is 7 ms ahead of the broker; 0.3 ms round trips
+    rows = _refine([T0 - S + off, T0 + off], 1, T0 + off, T0 + 400_000, None, state)
+    assert {r["clock_basis"] for r in rows} == {"assumed"}
+    exs = [Exchange(T0 - k * S + off, (T0 - k * S + 100_000) // MS, T0 - k * S + 300_000 + off)
+           for k in (3, 2, 1)]  # fmt: skip
+    block = ClockBlock(source="none", exchanges=[tuple(e.as_list()) for e in exs])
+    t1 = T0 + S
+    rows = _refine([t1 - S + off, t1 + off], 2, t1 + off, t1 + 400_000, block, state)
+    assert {r["clock_basis"] for r in rows} == {"exchange"}
+    older, newer = rows
+    assert older["clock_error_ns"] > newer["clock_error_ns"]  # 1 s further from the anchor
+    for r, true_ts in zip(rows, (t1 - S, t1), strict=True):
+        assert isinstance(r["ts"], int) and isinstance(r["clock_error_ns"], int)
+        assert abs(r["ts"] - true_ts) <= r["clock_error_ns"] < 2 * MS
+    # a CreateTime stamp: no point for the model; the exchanges still bound the rows
+    points = len(state.clocks["n1|node|0"].points)
+    rows = _refine([t1 + off], 3, t1 + off, t1 + 10 * S, block, state, log_append=False)
+    assert rows[0]["clock_basis"] == "exchange"
+    assert len(state.clocks["n1|node|0"].points) == points
+    rows = _refine([t1 + off], 4, t1 + off, t1 + 10 * S, None, state, log_append=False)
+    assert rows[0]["clock_basis"] == "create_time"
+    assert len(state.clocks["n1|node|0"].points) == points
