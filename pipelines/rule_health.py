@@ -2,12 +2,25 @@
 
 Per-source state (:class:`SourceState`) is a few numbers per ``node|exporter|instance``;
 batches are summarized with one ``group_by`` per refined table (per source and ``seq``:
-count, sum, min, max of the values, max aligned ts), so the per-batch Python is per source,
-never per sample.
+count, sum, min, max of the values, max aligned ts, raw partition and offset), so the
+per-batch Python is per source, never per sample.
+
+Silence is judged on the pipeline's own progress, in the broker's time: per raw partition,
+:class:`PartitionProgress` holds the broker append time of the raw records the refiner has
+accounted for (``telemetry.accounting``, :meth:`RuleEngine.on_progress`) and how far the
+refined rows read have come. A source is silent when its partition has been refined more than
+``intervals`` of its intervals of broker time past its own last record: other sources of the
+partition were appended, refined and read meanwhile, and it was not. Neither the wall clock
+nor the source's own (possibly wrong) clock enters, so a refiner that is behind, restarting or
+catching up, or a partition read ahead of another, makes nobody silent. A partition with no
+record at all judges nobody (the freshness rule reports a pipeline gone quiet). Without any
+accounting (an engine fed refined rows only) silence falls back to data time: the engine's
+``now`` against the source's newest aligned ts.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -47,6 +60,47 @@ class SourceState:
     interval_ns: int = 0  # learned scrape interval (EWMA of batch-to-batch gaps)
     fingerprint: list[float] = field(default_factory=list)
     repeats: int = 0
+    partition: int = -1  # raw partition of its records (-1: not known)
+    offset: int = -1  # raw offset of its newest record
+
+
+@dataclass
+class PartitionProgress:
+    """One raw partition as far as the engine has read it: the broker append time of each raw
+    record accounted for, as ``(offset, append_ns)`` runs (one entry per run of records with
+    one append time, at its last offset; at most ``cap`` entries, the oldest dropped), and the
+    newest raw offset of the refined rows read."""
+
+    offsets: list[int] = field(default_factory=list)
+    appends: list[int] = field(default_factory=list)
+    refined_upto: int = -1
+    cap: int = 100_000
+
+    def accounted(self, offset: int, append_ns: int) -> None:
+        """The refiner accounted for the record at ``offset``, appended at ``append_ns``.
+        Records arrive in offset order; an older one (a replay) is known already."""
+        if self.offsets and offset <= self.offsets[-1]:
+            return
+        append_ns = max(append_ns, self.appends[-1]) if self.appends else append_ns
+        if self.appends and append_ns == self.appends[-1]:
+            self.offsets[-1] = offset
+            return
+        self.offsets.append(offset)
+        self.appends.append(append_ns)
+        if len(self.offsets) > self.cap:
+            del self.offsets[: self.cap // 2], self.appends[: self.cap // 2]
+
+    def reached_ns(self) -> int | None:
+        """Broker time up to which the partition's records are both accounted for and read
+        refined: the append time of the newest entry at or before ``refined_upto``."""
+        i = bisect_right(self.offsets, self.refined_upto) - 1
+        return self.appends[i] if i >= 0 else None
+
+    def append_of(self, offset: int) -> int | None:
+        """Append time of the record at ``offset`` (of an older one than those kept: the
+        oldest kept, later than its own); None when not accounted for yet."""
+        i = bisect_left(self.offsets, offset)
+        return self.appends[i] if i < len(self.appends) else None
 
 
 def _entity_node(source: str) -> str:
@@ -78,7 +132,7 @@ def _fire(
 
 def summarize_batches(table: pa.Table) -> list[dict[str, Any]]:
     """One row per (source, seq) of a refined table, in time order: source, ts, n, sum,
-    min, max of ``value``."""
+    min, max of ``value``, raw partition and newest raw offset."""
     if table.num_rows == 0:
         return []
     key = pc.binary_join_element_wise(
@@ -86,8 +140,18 @@ def summarize_batches(table: pa.Table) -> list[dict[str, Any]]:
     )
     t = pa.table({"source": key, "seq": column(table, "seq"), "ts": column(table, "ts")})
     t = t.append_column("value", column(table, "value"))
+    t = t.append_column("raw_partition", column(table, "raw_partition"))
+    t = t.append_column("raw_offset", column(table, "raw_offset"))
     g = t.group_by(["source", "seq"]).aggregate(
-        [("ts", "max"), ("value", "count"), ("value", "sum"), ("value", "min"), ("value", "max")]
+        [
+            ("ts", "max"),
+            ("value", "count"),
+            ("value", "sum"),
+            ("value", "min"),
+            ("value", "max"),
+            ("raw_partition", "max"),
+            ("raw_offset", "max"),
+        ]
     )
     rows: list[dict[str, Any]] = g.sort_by([("ts_max", "ascending")]).to_pylist()
     return rows
@@ -100,67 +164,109 @@ def observe_sources(
     frozen: list[FrozenRule],
     book: AlertBook,
     now_ns: int,
+    progress: dict[int, PartitionProgress] | None = None,
 ) -> list[Alert]:
     """Update per-source state from batch summaries; resolves silent alerts of sources that
-    speak again, fires/resolves frozen alerts."""
+    speak again, fires/resolves frozen alerts. ``progress``: per raw partition, how far the
+    refined rows read have come (updated here)."""
     out: list[Alert] = []
     for r in rows:
         src, ts = r["source"], int(r["ts_max"])
         st = sources.setdefault(src, SourceState())
+        part, off = r.get("raw_partition_max"), r.get("raw_offset_max")
+        if part is not None and off is not None:
+            st.partition, st.offset = int(part), max(st.offset, int(off))
+            if progress is not None:
+                pp = progress.setdefault(st.partition, PartitionProgress())
+                pp.refined_upto = max(pp.refined_upto, st.offset)
+        for rule in silent:  # it spoke, whatever its clock says of the time
+            a = book.resolve(rule.name, src, max(ts, st.last_ts), now_ns)
+            if a is not None:
+                out.append(a)
         if ts <= st.last_ts:
             continue  # a second batch at the same instant (or late): not a new interval
         if st.last_ts:
             gap = ts - st.last_ts
+            # a clock step must not teach the source a long interval at once
+            gap = min(gap, 4 * st.interval_ns) if st.interval_ns else gap
             st.interval_ns = gap if not st.interval_ns else (st.interval_ns + gap) // 2
         st.last_ts, st.last_seen_ns = ts, now_ns
-        for rule in silent:
-            a = book.resolve(rule.name, src, ts, now_ns)
-            if a is not None:
-                out.append(a)
-        fp = [float(r[k] or 0.0) for k in ("value_count", "value_sum", "value_min", "value_max")]
-        # no non-NULL values: nothing to judge (not "identical")
-        st.repeats = st.repeats + 1 if fp[0] and fp == st.fingerprint else 0
-        st.fingerprint = fp
-        for fr in frozen:
-            if st.repeats >= fr.intervals and not book.is_firing(fr.name, src):
-                onset = ts - st.repeats * max(st.interval_ns, 1)
-                vals = {"source": src, "intervals": st.repeats}
-                out.append(
-                    _fire(
-                        book,
-                        fr,
-                        src,
-                        onset,
-                        now_ns,
-                        vals,
-                        {"repeats": st.repeats, "series": int(fp[0])},
-                        _entity_node(src),
-                    )
-                )
-            elif st.repeats == 0:
-                a = book.resolve(fr.name, src, ts, now_ns)
-                if a is not None:
-                    out.append(a)
+        out += _frozen(r, src, st, frozen, book, ts, now_ns)
     return out
 
 
-def tick_silent(
-    sources: dict[str, SourceState], rules: list[SilentRule], book: AlertBook, now_ns: int
+def _frozen(
+    r: dict[str, Any],
+    src: str,
+    st: SourceState,
+    frozen: list[FrozenRule],
+    book: AlertBook,
+    ts: int,
+    now_ns: int,
 ) -> list[Alert]:
-    """Fire for sources quiet for ``intervals`` intervals at engine time ``now_ns``."""
-    out = []
+    out: list[Alert] = []
+    fp = [float(r[k] or 0.0) for k in ("value_count", "value_sum", "value_min", "value_max")]
+    # no non-NULL values: nothing to judge (not "identical")
+    st.repeats = st.repeats + 1 if fp[0] and fp == st.fingerprint else 0
+    st.fingerprint = fp
+    for fr in frozen:
+        if st.repeats >= fr.intervals and not book.is_firing(fr.name, src):
+            onset = ts - st.repeats * max(st.interval_ns, 1)
+            vals = {"source": src, "intervals": st.repeats}
+            ev = {"repeats": st.repeats, "series": int(fp[0])}
+            out.append(_fire(book, fr, src, onset, now_ns, vals, ev, _entity_node(src)))
+        elif st.repeats == 0:
+            a = book.resolve(fr.name, src, ts, now_ns)
+            if a is not None:
+                out.append(a)
+    return out
+
+
+def _quiet(
+    st: SourceState, progress: dict[int, PartitionProgress], now_ns: int, accounted: bool
+) -> tuple[int, int] | None:
+    """(how long the source has been quiet, since when), on its partition's progress in
+    broker time; on data time when no accounting was ever read (``accounted`` false);
+    None: not judged now."""
+    if not accounted:
+        return (now_ns - st.last_ts, st.last_ts) if st.last_ts else None
+    pp = progress.get(st.partition)
+    if pp is None or st.offset < 0:
+        return None
+    reached, last = pp.reached_ns(), pp.append_of(st.offset)
+    if reached is None or last is None:
+        return None
+    return reached - last, last
+
+
+def tick_silent(
+    sources: dict[str, SourceState],
+    rules: list[SilentRule],
+    book: AlertBook,
+    now_ns: int,
+    progress: dict[int, PartitionProgress] | None = None,
+) -> list[Alert]:
+    """Fire for sources quiet for ``intervals`` intervals: their raw partition was refined
+    that much broker time past their newest record (see the module)."""
+    out: list[Alert] = []
+    if not rules:
+        return out
+    progress = progress or {}
+    accounted = any(pp.offsets for pp in progress.values())
     for src, st in sources.items():
         for rule in rules:
             interval = rule.interval_ns or st.interval_ns
             if not interval or book.is_firing(rule.name, src):
                 continue
-            quiet = now_ns - st.last_seen_ns
+            q = _quiet(st, progress, now_ns, accounted)
+            if q is None:
+                continue
+            quiet, since = q
             if quiet > rule.intervals * interval:
                 vals = {"source": src, "intervals": rule.intervals, "silent_s": quiet / 1e9}
                 ev = {"last_ts": st.last_ts, "interval_ns": interval, "quiet_ns": quiet}
-                out.append(
-                    _fire(book, rule, src, st.last_seen_ns, now_ns, vals, ev, _entity_node(src))
-                )
+                ev |= {"raw_partition": st.partition, "raw_offset": st.offset}
+                out.append(_fire(book, rule, src, since, now_ns, vals, ev, _entity_node(src)))
     return out
 
 

@@ -8,6 +8,7 @@ What the Faust shim calls (all pure; time is always passed in, never read)::
     alerts = engine.on_events(events_table, now_ns, node=envelope_node)  # telemetry.events
     alerts = engine.on_clock([ClockStatus(...)], now_ns)   # per refiner clock estimate
     engine.on_deadletters(n, now_ns)                    # per dead-letter batch
+    engine.on_progress(partition, offset, append_ns)    # per raw record accounted for
     alerts = engine.tick(now_ns)                        # every second or so
     table_value = engine.to_dict()                      # JSON-able, for a Faust table
 
@@ -53,6 +54,7 @@ from pipelines.rule_eval import (
 from pipelines.rule_health import (
     ClockStatus,
     DeadletterWindow,
+    PartitionProgress,
     SourceState,
     eval_clock,
     eval_deadletters,
@@ -93,6 +95,7 @@ class RuleEngine:
         self.raw_topic = raw_topic
         self.book = AlertBook()
         self.sources: dict[str, SourceState] = {}
+        self.progress: dict[int, PartitionProgress] = {}  # per raw partition
         self.deadletters = DeadletterWindow()
         self.last_values: dict[str, dict[str, float]] = {}  # sample-borne events per rule
         self._fields: dict[str, str] = {}
@@ -140,7 +143,7 @@ class RuleEngine:
         if self._silent or self._frozen:
             rows = summarize_batches(refined)
             out += observe_sources(
-                rows, self.sources, self._silent, self._frozen, self.book, now_ns
+                rows, self.sources, self._silent, self._frozen, self.book, now_ns, self.progress
             )
         out += eval_freshness(refined, self._fresh, self.book, now_ns)
         return out
@@ -170,6 +173,12 @@ class RuleEngine:
         """State changes from per-source clock estimates."""
         return eval_clock(statuses, self._clock, self.book, now_ns)
 
+    def on_progress(self, partition: int, offset: int, append_ns: int) -> None:
+        """The refiner accounted for the raw record at ``(partition, offset)`` of the raw
+        topic, appended by the broker at ``append_ns``: silence is judged on this progress
+        (:mod:`pipelines.rule_health`). Records of a partition arrive in offset order."""
+        self.progress.setdefault(partition, PartitionProgress()).accounted(offset, append_ns)
+
     def on_deadletters(self, count: int, now_ns: int) -> None:
         """Count ``count`` dead letters at ``now_ns``; the rate is judged by :meth:`tick`."""
         if count > 0:
@@ -178,7 +187,7 @@ class RuleEngine:
     def tick(self, now_ns: int) -> list[Alert]:
         """Time-driven changes at ``now_ns``: silent sources, dead-letter rate, expiry of
         per-occurrence event alerts."""
-        out = tick_silent(self.sources, self._silent, self.book, now_ns)
+        out = tick_silent(self.sources, self._silent, self.book, now_ns, self.progress)
         out += eval_deadletters(self.deadletters, self._deadletter, self.book, now_ns)
         out += expire_events(self._events + self._metric_events, self.book, now_ns)
         return out

@@ -152,10 +152,7 @@ class DetectCore:
                 if t is not None:
                     tables.append(t)
             elif topic == self.topics.accounting:
-                doc = json.loads(value)
-                if doc.get("outcome") == "deadletter" or doc.get("quarantined_samples"):
-                    n = 1 if doc.get("outcome") == "deadletter" else int(doc["quarantined_samples"])
-                    self.detector.on_deadletters(n, now)
+                self._accounted(json.loads(value), now)
             elif topic == self.topics.events:
                 out.extend(self.detector.on_events(pa.ipc.open_stream(value).read_all(), now))
             else:
@@ -166,6 +163,17 @@ class DetectCore:
                 one = pa.concat_tables(tables, promote_options="permissive").combine_chunks()
             out.extend(self.detector.on_refined(one, now))
         return out
+
+    def _accounted(self, doc: dict[str, Any], now: int) -> None:
+        """An accounting record: the refiner's progress on its raw partition (silence is
+        judged on it) and its dead letters, at the raw record's broker append time."""
+        append = doc.get("append_ms")
+        at = now if append is None else int(append) * 1_000_000
+        if append is not None and doc.get("raw_topic") == self.detector.engine.raw_topic:
+            self.detector.on_progress(int(doc["raw_partition"]), int(doc["raw_offset"]), at)
+        if doc.get("outcome") == "deadletter" or doc.get("quarantined_samples"):
+            n = 1 if doc.get("outcome") == "deadletter" else int(doc["quarantined_samples"])
+            self.detector.on_deadletters(n, at)
 
     def _refined(self, partition: int, offset: int, value: bytes) -> pa.Table | None:
         """A refined record's rows, less those of raw positions already seen (a refiner's

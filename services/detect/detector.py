@@ -125,10 +125,16 @@ class Detector:
     def on_deadletters(self, count: int, now_ns: int) -> None:
         self.engine.on_deadletters(count, now_ns)
 
+    def on_progress(self, partition: int, offset: int, append_ns: int) -> None:
+        """The refiner accounted for a raw record: silence is judged on this progress."""
+        self.engine.on_progress(partition, offset, append_ns)
+
     def tick(self, now_ns: int) -> Emitted:
         """Time-driven changes, judged on data time (the watermark), so that catching up on
-        a backlog does not make every source look silent or close episodes early; a whole
-        pipeline going quiet is the freshness rule's business. Collectives are judged anyway
+        a backlog does not close episodes early; silent sources are judged on each raw
+        partition's progress in broker time (:meth:`on_progress`), so a refiner behind or
+        restarting makes nobody silent; a whole pipeline going quiet is the freshness
+        rule's business. Collectives are judged anyway
         once the watermark has not moved for ``4 x grace`` of wall time (``now_ns``) while
         they wait: refined data stopped, and it is only ever judged once."""
         out = Emitted()

@@ -1,0 +1,177 @@
+"""A source is silent only when the pipeline has moved past the time it should have been heard
+from: judged on each raw partition's progress in broker time, never on the wall clock or on
+one source's clock. The stream below is what detect reads of a real run, record by record:
+sources sending every second at phases of their own over two partitions, a refiner killed for
+25 s and restarted (it replays a few records, then catches one partition up before the other),
+the refined and accounting topics read with lags of their own, a node whose clock estimate
+runs 20 s ahead for 10 s and then jumps back, and one source that really stops."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from schemas.catalog import default_catalog
+from schemas.codec import ipc_stream
+from services.detect.core import DetectCore, DetectTopics
+from services.detect.detector import Detector, Emitted
+from services.telemetry import ServiceTelemetry
+from tests.unit.derived_helpers import T0, S, refined
+
+SEED = 8191  # this test's own
+SECONDS = 90
+NODES = [f"n{i:02d}" for i in range(6)]
+EXPORTERS = {"gpu": ("gpu0", "gpu.temp", 60.0), "node": ("node", "mem.available_bytes", 5e11)}
+STOPS = ("n03|gpu|0", 50)  # this source really stops after 50 s
+SKEWED = ("n04", 30, 40, 20 * S)  # its aligned ts run 20 s ahead from 30 s to 40 s
+KILLED, RESTARTED = 20, 45  # the refiner is down in between (true seconds)
+TOPICS = DetectTopics()
+
+
+@dataclass
+class Raw:
+    partition: int
+    offset: int
+    append: int
+    node: str
+    exporter: str
+    seq: int
+    ts: int  # aligned ts the refiner gives its rows
+
+
+def raw_records(rng: np.random.Generator) -> list[Raw]:
+    """Every exporter batch of the run, in append order, with its partition and offset."""
+    out: list[tuple[int, str, str, int, int]] = []
+    for node in NODES:
+        for exp in EXPORTERS:
+            phase = int(rng.integers(0, S))
+            last = STOPS[1] if f"{node}|{exp}|0" == STOPS[0] else SECONDS
+            for sec in range(last):
+                true = T0 + sec * S + phase
+                out.append((true + int(rng.integers(200_000, 5_000_000)), node, exp, sec, true))
+    out.sort()
+    offsets = [0, 0]
+    recs = []
+    for append, node, exp, sec, true in out:
+        p = NODES.index(node) % 2
+        skew = SKEWED[3] if node == SKEWED[0] and SKEWED[1] <= sec < SKEWED[2] else 0
+        recs.append(Raw(p, offsets[p], append, node, exp, sec, true + skew))
+        offsets[p] += 1
+    return recs
+
+
+def processed_at(r: Raw) -> list[tuple[int, bool]]:
+    """When the refiner handles ``r`` (true ns) and whether it publishes its rows then (a
+    replay after the restart publishes nothing). Down from KILLED to RESTARTED; back, it
+    replays the 3 s before the kill, then catches partition 0 up, then partition 1."""
+    t = r.append + 200 * 1_000_000
+    kill, back = T0 + KILLED * S, T0 + RESTARTED * S
+    if t < kill:
+        replay = t >= kill - 3 * S
+        return [(t, True)] + ([(back + S // 2, False)] if replay else [])
+    if r.append >= back + 15 * S:
+        return [(t, True)]
+    if r.partition == 0:  # caught up within 10 s, in order
+        share = (r.append - (kill - 3 * S)) / (back + 15 * S - kill)
+        return [(back + S + int(share * 9 * S), True)]
+    share = (r.append - kill) / (back + 15 * S - kill)  # then partition 1, 10 s later
+    return [(back + 11 * S + int(share * 4 * S), True)]
+
+
+def detect_inputs(rng: np.random.Generator) -> list[tuple[int, str, int, int, bytes]]:
+    """(read time, topic, partition, offset, value) of every refined and accounting record, as
+    detect reads them: each topic partition in order, each with a lag of its own."""
+    streams: dict[tuple[str, int], list[tuple[int, bytes]]] = {}
+    for r in raw_records(rng):
+        for t, publish in processed_at(r):
+            doc = {
+                "raw_topic": "telemetry.raw",
+                "raw_partition": r.partition,
+                "raw_offset": r.offset,
+                "node": r.node,
+                "outcome": "refined",
+                "append_ms": r.append // 1_000_000,
+                "input_samples": 1,
+                "quarantined_samples": 0,
+            }
+            if not publish:
+                doc["outcome"] = "replay"
+            streams.setdefault((TOPICS.accounting, r.partition), []).append(
+                (t, json.dumps(doc).encode())
+            )
+            if publish:
+                dev, metric, base = EXPORTERS[r.exporter]
+                row = {
+                    "node": r.node,
+                    "device": dev,
+                    "metric": metric,
+                    "ts": r.ts,
+                    "value": base + float(rng.normal(0, 1)),
+                    "exporter": r.exporter,
+                    "seq": r.seq,
+                    "raw_partition": r.partition,
+                    "raw_offset": r.offset,
+                }
+                streams.setdefault((TOPICS.refined, r.partition), []).append(
+                    (t, bytes(ipc_stream(refined([row]))))
+                )
+    out = []
+    for (topic, part), recs in streams.items():
+        lag, last = 0, 0
+        for off, (t, value) in enumerate(sorted(recs, key=lambda x: x[0])):
+            lag = max(0, min(3 * S, lag + int(rng.normal(0, 0.3 * S))))
+            last = max(last, t + lag)
+            out.append((last, topic, part, off, value))
+    return sorted(out, key=lambda x: x[0])
+
+
+def run_detect(inputs: list[tuple[int, str, int, int, bytes]]) -> Emitted:
+    """Feed detect in groups of what arrived each 200 ms, ticking every second."""
+    det = Detector(default_catalog())
+    core = DetectCore(TOPICS, det, ServiceTelemetry("test"))
+    core.begin([])
+    out, i, now, next_tick = Emitted(), 0, T0, T0
+    published: dict[int, int] = {}
+    while now < T0 + (SECONDS + 20) * S:
+        group = []
+        while i < len(inputs) and inputs[i][0] <= now:
+            _, topic, part, off, value = inputs[i]
+            group.append((topic, part, off, value))
+            if topic == TOPICS.refined:
+                published[part] = off + 1
+                core._next.setdefault(part, 0)
+            i += 1
+        out.extend(core.route_group(group, now))
+        wm = core.watermark(lambda p: published.get(p, -1))
+        if wm is not None:
+            out.extend(det.advance(wm, now))
+        if now >= next_tick:
+            out.extend(det.tick(now))
+            next_tick += S
+        now += S // 5
+    return out
+
+
+def firing(out: Emitted) -> list[Any]:
+    return [a for a in out.alerts if a.state.value == "firing"]
+
+
+def test_only_the_source_that_stopped_is_silent() -> None:
+    out = run_detect(detect_inputs(np.random.default_rng(SEED)))
+    fired = firing(out)
+    assert [(a.rule, a.entity) for a in fired] == [("exporter_silent", STOPS[0])], [
+        (a.rule, a.entity, a.starts_ns - T0) for a in fired
+    ]
+    (a,) = fired
+    # onset: the broker's append time of its last record, in its 50th second
+    assert T0 + (STOPS[1] - 1) * S <= a.starts_ns < T0 + STOPS[1] * S
+    assert a.evidence["raw_partition"] == NODES.index("n03") % 2
+
+
+def test_the_same_under_other_seeds_of_the_stream() -> None:
+    for seed in (SEED + 1, SEED + 2):
+        fired = firing(run_detect(detect_inputs(np.random.default_rng(seed))))
+        assert [(a.rule, a.entity) for a in fired] == [("exporter_silent", STOPS[0])]
