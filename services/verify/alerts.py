@@ -8,8 +8,8 @@ they report, measured from the lake itself (:func:`pipeline_signals`):
 - ``refined_freshness``: records refined more than its resolve threshold after the truth
   says they reached the broker, peaking above its threshold (a real backlog, a restart);
 - ``deadletter_rate``: dead letters counted as the detector counts them (a rejected record
-  1, a quarantined sample 1) at the refiner's processing time, above the rule's resolve
-  rate over its window.
+  1, a quarantined sample 1) at their arrival or at the refiner's processing time, above
+  the rule's resolve rate over its window.
 
 A run faster than real time judges nothing about clocks (the simulated clocks run ahead of
 the broker's): its ``clock_offset`` alerts are listed as not judged. Every rule of the rule
@@ -149,23 +149,37 @@ def _freshness_signals(con: duckdb.DuckDBPyConnection, rule: FreshnessRule) -> l
 
 def _deadletter_signals(con: duckdb.DuckDBPyConnection, rule: DeadletterRule) -> list[Signal]:
     """Spans where the dead letters the detector counts exceeded the rule's resolve rate over
-    its window, at the refiner's processing time."""
-    win = rule.window_ns
-    resolve = rule.above if rule.resolve is None else rule.resolve
+    its window, at the raw records' broker arrival (their due time in the truth, when the
+    detector counts them) or at the refiner's processing time (a burst of a backlog)."""
     rows = _records(
         con,
-        """SELECT ts // 1000000000 AS s,
-                  sum(CASE WHEN outcome = 'deadletter' THEN 1 ELSE quarantined_samples END) AS n
-           FROM refine_accounting
-           WHERE outcome = 'deadletter' OR quarantined_samples > 0 GROUP BY ALL ORDER BY 1""",
+        """SELECT a.ts AS processed, s.due_true_ns AS arrived,
+                  CASE WHEN a.outcome = 'deadletter' THEN 1 ELSE a.quarantined_samples END AS n
+           FROM refine_accounting a LEFT JOIN truth_sends s
+             ON s.partition = a.raw_partition AND s.offset = a.raw_offset
+            AND s.topic = coalesce(a.raw_topic, s.topic)
+           WHERE a.outcome = 'deadletter' OR a.quarantined_samples > 0""",
     )
-    per_s = {int(r["s"]): int(r["n"]) for r in rows}
+    signals = []
+    for when in ("arrived", "processed"):
+        per_s: dict[int, int] = {}
+        for r in rows:
+            if r[when] is not None:
+                sec = int(r[when]) // S
+                per_s[sec] = per_s.get(sec, 0) + int(r["n"])
+        signals += _hot_spans(per_s, rule, when)
+    return signals
+
+
+def _hot_spans(per_s: dict[int, int], rule: DeadletterRule, when: str) -> list[Signal]:
+    win_s = rule.window_ns // S
+    resolve = rule.above if rule.resolve is None else rule.resolve
     hot = []
     for s in per_s:
-        total = sum(n for t, n in per_s.items() if s - win // S < t <= s)
-        if total / (win / S) > resolve:
-            hot.append((s * S, s * S + win, total / (win / S)))
-    signals = []
+        rate = sum(n for t, n in per_s.items() if s - win_s < t <= s) / win_s
+        if rate > resolve:
+            hot.append((s * S, s * S + rule.window_ns, rate))
+    out = []
     for span in _spans(sorted(hot)):
         t0, t1 = span[0][0] - SLACK_NS, span[-1][1] + SLACK_NS
         peak = max(r[2] for r in span)
@@ -173,9 +187,9 @@ def _deadletter_signals(con: duckdb.DuckDBPyConnection, rule: DeadletterRule) ->
         def ok(d: Detection, t0: int = t0, t1: int = t1) -> bool:
             return d.rule == rule.name and d.overlaps(t0, t1)
 
-        why = f"dead letters at up to {peak:.1f}/s"
-        signals.append(Signal("run", "run", why, "pipeline", False, ok))
-    return signals
+        why = f"dead letters at up to {peak:.1f}/s ({when})"
+        out.append(Signal("run", "run", why, "pipeline", False, ok))
+    return out
 
 
 def clock_not_judged() -> Signal:

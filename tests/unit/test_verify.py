@@ -267,7 +267,7 @@ def _land(lake: Path, samples: pa.Table, sends: list[dict[str, Any]]) -> None:
             "input_samples": 4,
             "refined_samples": 4,
             "duplicate_samples": 0,
-            "quarantined_samples": 0,
+            "quarantined_samples": 100 if s["seq"] in (5, 6) else 0,  # a burst of bad rows
             "outcome": "refined",
             "node": s["node"],
         }
@@ -286,6 +286,7 @@ def _land(lake: Path, samples: pa.Table, sends: list[dict[str, Any]]) -> None:
         _alert("exporter_silent", "n03|nic|0", T0 + 25 * S, "n03"),  # false: it kept sending
         _alert("refined_freshness", "pipeline", T0 + 60 * S, None),  # true: 45 s behind
         _alert("clock_offset", "n01|gpu|0", T0 + 5 * S, "n01"),  # false: every clock synced
+        _alert("deadletter_rate", "pipeline", T0 + 7 * S, None),  # true: the burst
     ]
     w.land("alerts", pa.Table.from_pylist(alerts), partition=0, first=0, last=0)
 
@@ -310,6 +311,7 @@ def test_verify_names_every_defect(tmp_path: Path, speed: float) -> None:
     false = sorted(d["rule"] for d in a.unmatched)
     not_scored = {e["rule"]: e["why"] for e in a.excluded}
     assert not_scored["refined_freshness"].startswith("refiner behind: up to 4")
+    assert not_scored["deadletter_rate"].startswith("dead letters at up to 20.0/s")
     assert a.incident_recall == 1.0 and a.missed == []
     if speed == 1.0:
         assert false == ["clock_offset", "exporter_silent"]
