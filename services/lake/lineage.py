@@ -139,51 +139,65 @@ class LineageIndex:
         return index
 
     def add(self, values: dict[str, Hashable]) -> None:
-        stream = tuple(values[c] for c in self.spec.stream)
-        order = values[self.spec.order]
+        spec = self.spec
+        order = values[spec.order]
         assert isinstance(order, int)
-        self._stream(stream).add(tuple(values[c] for c in self.spec.ident), order)
+        ident = tuple(values[c] for c in spec.ident)
+        self._stream(tuple(values[c] for c in spec.stream)).add(ident, order)
 
     def drop_landed(self, table: pa.Table) -> pa.Table:
         """``table`` less the rows of identities landed before (and remembers the others)."""
         spec = self.spec
         if any(table.schema.get_field_index(c) < 0 for c in spec.columns):
             return table  # rows written by a producer that carries no identity: all land
-        dups: list[dict[str, Hashable]] = []
-        for values in _identities(table, spec):
-            order = values[spec.order]
+        dups: list[tuple[Key, Key]] = []
+        idents = _identities(table, spec)
+        for stream, ident, order in idents:
             if order is None:
                 continue
-            assert isinstance(order, int)
-            landed = self._stream(tuple(values[c] for c in spec.stream))
-            ident = tuple(values[c] for c in spec.ident)
+            landed = self.streams.get(stream) or self._stream(stream)
             if landed.has(ident, order):
-                dups.append(values)
+                dups.append((stream, ident))
             else:
                 landed.add(ident, order)
         if not dups:
             return table
-        return table.filter(pc.invert(_rows_of(table, dups)))
+        if len(dups) == len(idents):  # a copy of whole records, the usual replay
+            return table.slice(0, 0)
+        values = [
+            dict(zip((*spec.stream, *spec.ident), (*stream, *ident), strict=True))
+            for stream, ident in dups
+        ]
+        return table.filter(pc.invert(_rows_of(table, values)))
 
 
-def _identities(table: pa.Table, spec: Identity) -> list[dict[str, Hashable]]:
-    """The distinct identities of ``table``'s rows, as ``{column: value}``. One stream and the
-    order as the whole identity (refined and aligned rows: one raw partition per message) is
-    settled by one min/max pass and the distinct orders (or none when there is one)."""
-    cols = spec.columns
-    if len(cols) == 2 and len(spec.stream) == 1 and spec.ident == (spec.order,):
+def _identities(table: pa.Table, spec: Identity) -> list[tuple[Key, Key, int | None]]:
+    """The distinct identities of ``table``'s rows: (stream, identity, order). One stream and
+    the order as the whole identity (refined and aligned rows: one raw partition per message)
+    is settled by one min/max pass and the distinct orders (or none when there is one)."""
+    if len(spec.stream) == 1 and spec.ident == (spec.order,):
         part, off = table.column(spec.stream[0]), table.column(spec.order)
         if part.null_count == 0 and off.null_count == 0 and pa.types.is_integer(part.type):
-            p, o = pc.min_max(part), pc.min_max(off)
-            if p["min"] == p["max"]:
-                rp = p["min"].as_py()
-                offs = [o["min"].as_py()] if o["min"] == o["max"] else pc.unique(off).to_pylist()
-                return [{spec.stream[0]: rp, spec.order: x} for x in offs]
-    sub = table.select(list(cols))
-    sub = pa.table([_plain(sub.column(c)) for c in cols], names=list(cols))
+            p = pc.min_max(part)
+            lo, hi = p["min"].as_py(), p["max"].as_py()
+            if lo == hi:
+                o = pc.min_max(off)
+                first, last = o["min"].as_py(), o["max"].as_py()
+                offs = [first] if first == last else pc.unique(off).to_pylist()
+                return [((lo,), (x,), x) for x in offs]
+    cols = spec.columns
+    sub = pa.table([_plain(table.column(c)) for c in cols], names=list(cols))
     groups = sub.group_by(list(cols), use_threads=False).aggregate([])
-    got: list[dict[str, Hashable]] = groups.to_pylist()
-    return got
+    at = {c: i for i, c in enumerate(groups.column_names)}
+    rows = zip(*(groups.column(c).to_pylist() for c in groups.column_names), strict=True)
+    return [
+        (
+            tuple(r[at[c]] for c in spec.stream),
+            tuple(r[at[c]] for c in spec.ident),
+            r[at[spec.order]],
+        )
+        for r in rows
+    ]
 
 
 def _plain(col: pa.ChunkedArray) -> pa.ChunkedArray:
