@@ -201,6 +201,21 @@ def one_line(e: ValidationError) -> str:
     return "; ".join(parts)
 
 
+def _kafka_failure(e: BaseException) -> str | None:
+    """One line for a Kafka client's failure to use the cluster (confluent-kafka's
+    KafkaException, aiokafka's errors), naming the address; None for anything else."""
+    from services.kafka_log import describe
+
+    mod = type(e).__module__
+    if type(e).__name__ == "KafkaException" or mod.startswith(("aiokafka", "kafka.")):
+        try:
+            bootstrap = load_settings().kafka().bootstrap_servers
+        except ValidationError:
+            bootstrap = "the configured address"
+        return describe(e, bootstrap)
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     keep_arrow_pages()  # before build_parser: its command modules load pyarrow
     parser = build_parser()
@@ -230,6 +245,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("refinery: interrupted", file=sys.stderr)
         return 130
+    except Exception as e:
+        line = _kafka_failure(e)
+        if line is None:
+            raise  # a bug: its traceback is what a report needs
+        print(f"refinery: {line}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -58,9 +58,12 @@ class KafkaSettings(BaseSettings):
 
     def librdkafka(self) -> dict[str, Any]:
         """Options for confluent-kafka clients (librdkafka names)."""
+        from services.kafka_log import KAFKA_LOG
+
         conf: dict[str, Any] = {
             "bootstrap.servers": self.bootstrap_servers,
             "security.protocol": self.security_protocol,
+            "logger": KAFKA_LOG,  # librdkafka's lines through Python logging, collapsed
         }
         if self.security_protocol.startswith("SASL"):
             conf["sasl.mechanism"] = self.sasl_mechanism

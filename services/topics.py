@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from schemas.errors import ConfigError
 from schemas.ingest import Format
+from services.kafka_log import cluster_metadata
 
 DEFAULT_SPEC = Path(__file__).resolve().parent.parent / "deploy" / "topics.yaml"
 
@@ -78,7 +79,6 @@ def apply_topics(
     """Make the cluster at ``conf`` (librdkafka options) match ``specs``."""
     from confluent_kafka import KafkaException
     from confluent_kafka.admin import (  # type: ignore[attr-defined]
-        AdminClient,
         AlterConfigOpType,
         ConfigEntry,
         ConfigResource,
@@ -86,8 +86,7 @@ def apply_topics(
         NewTopic,
     )
 
-    admin = AdminClient({**conf, "log_level": 3})
-    md = admin.list_topics(timeout=timeout)
+    admin, md = cluster_metadata({**conf, "log_level": 3}, timeout=min(timeout, 15.0))
     brokers = len(md.brokers)
     changes: list[Change] = []
 

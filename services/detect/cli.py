@@ -65,8 +65,10 @@ def run(args: argparse.Namespace, settings: RefinerySettings) -> int:
     from schemas.catalog import default_catalog
     from services.detect.core import DetectTopics
     from services.detect.detector import DEFAULT_RULES, Detector
+    from services.kafka_log import require_cluster
     from services.telemetry import ServiceTelemetry
 
+    require_cluster(settings.kafka().librdkafka())  # first contact: one line, exit 1
     logging.basicConfig(
         level=args.loglevel.upper(),
         stream=sys.stderr,

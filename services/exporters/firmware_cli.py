@@ -71,6 +71,10 @@ class BatchSink:
         self._settings = settings
         self._producers: dict[str, Any] = {}
         self.seq = initial_seq()
+        if not stdout:  # first contact: one line and exit 1 when the cluster cannot be used
+            from services.kafka_log import require_cluster
+
+            require_cluster(settings.kafka().librdkafka())
 
     def send(
         self,

@@ -91,8 +91,10 @@ def cmd_export_node(args: argparse.Namespace, settings: RefinerySettings) -> int
         print(f"refinery export node: no GPU metrics: {collector.gpu_reason}", file=sys.stderr)
     producer: Any = None
     if not args.stdout:
+        from services.kafka_log import require_cluster
         from services.producer import BatchProducer
 
+        require_cluster(settings.kafka().librdkafka())
         producer = BatchProducer(
             settings.kafka(), topic=args.topic, content_type=JSON if args.json else ARROW
         )

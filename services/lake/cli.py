@@ -17,6 +17,7 @@ from typing import Any
 
 import duckdb
 
+from schemas.errors import RefineryError
 from services.heap import keep_heap
 from services.lake import sqlload
 from services.lake.compact import CompactionReport, Compactor
@@ -49,6 +50,9 @@ def cmd_land(args: argparse.Namespace, settings: RefinerySettings) -> int:
     conf = {**settings.kafka().librdkafka(), "group.id": args.group}
     if args.instance_id:  # static membership: a restarted lander takes over at once
         conf["group.instance.id"] = args.instance_id
+    from services.kafka_log import require_cluster
+
+    require_cluster(conf)  # first contact: one line naming the address and the cause
     writer = LakeWriter(settings.lake)
     compactor = None if args.no_compact else Compactor(settings.lake)
     svc = LandingService(
@@ -104,6 +108,11 @@ def cmd_compact(args: argparse.Namespace, settings: RefinerySettings) -> int:
 
 
 def _connect(settings: RefinerySettings) -> duckdb.DuckDBPyConnection:
+    lake = settings.lake
+    if not lake.is_dir():  # never create one here: a mistyped path must not answer "0 rows"
+        raise RefineryError(f"no lake at {lake}: no such directory (REFINERY_LAKE)")
+    if not any(f.name != "seed.parquet" for f in lake.rglob("*.parquet")):
+        print(f"refinery: the lake at {lake} holds no data yet", file=sys.stderr)
     # views need every dataset to bind; a read-only lake has its seeds or the error says so
     with contextlib.suppress(OSError):
         LakeWriter(settings.lake).ensure_seeds()

@@ -50,7 +50,11 @@ def publish(
     the caller reruns the import, which is idempotent on a compacted topic)."""
     from confluent_kafka import Producer
 
-    producer = Producer({**kafka.librdkafka(), "enable.idempotence": True, "acks": "all"})
+    from services.kafka_log import require_cluster
+
+    conf = kafka.librdkafka()
+    require_cluster(conf, min(timeout, 15.0))
+    producer = Producer({**conf, "enable.idempotence": True, "acks": "all"})
     acked: list[int] = [0]
     errors: list[str] = []
 

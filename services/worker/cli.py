@@ -149,10 +149,12 @@ def _shape(conf: dict[str, Any], topic: str, default: tuple[int, int]) -> tuple[
 def run(args: argparse.Namespace, settings: RefinerySettings) -> int:
     from pipelines.clock import ClockSettings
     from pipelines.refine import RefineSettings
+    from services.kafka_log import require_cluster
     from services.telemetry import ServiceTelemetry
     from services.worker.app import InputTopics, WorkerConfig, build_app, run_worker
     from services.worker.refiner import OutputTopics
 
+    require_cluster(settings.kafka().librdkafka())  # first contact: one line, exit 1
     _use_uvloop()
 
     logging.basicConfig(
