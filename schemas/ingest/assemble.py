@@ -22,10 +22,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from schemas.codec import MAX_ROWS
 from schemas.errors import RejectedInput
@@ -37,13 +37,40 @@ TWO_53 = float(2**53)
 _NAME = re.compile(NAME_PATTERN)
 
 
+class SeriesRegistry:
+    """Process-wide ids of the distinct series a decoder has seen, so that a message's
+    samples carry an int each and everything per series is done once per distinct set.
+    Bounded: :meth:`begin` (called before each message) starts over past ``limit``; ids
+    are stable within a message."""
+
+    def __init__(self, limit: int = 500_000) -> None:
+        self.ids: dict[SeriesKey, int] = {}
+        self.keys: list[SeriesKey] = []
+        self.limit = limit
+        self.generation = 0
+
+    def begin(self) -> int:
+        if len(self.keys) >= self.limit:
+            self.ids.clear()
+            self.keys.clear()
+            self.generation += 1
+        return self.generation
+
+    def id_of(self, key: SeriesKey) -> int:
+        i = self.ids.get(key)
+        if i is None:
+            i = self.ids[key] = len(self.keys)
+            self.keys.append(key)
+        return i
+
+
 @dataclass
 class Points:
-    """What a decoder read: distinct series and per-sample (series index, ts, value).
-    ``ts`` may hold -1 where the format gave no time (the arrival time is used)."""
+    """What a decoder read: per sample the id of its series in ``series``, the source
+    timestamp (-1 where the format gave none: the arrival time is used) and the value."""
 
-    keys: list[SeriesKey]
-    sid: np.ndarray  # int64, index into keys
+    series: SeriesRegistry
+    gid: np.ndarray  # int64
     ts: np.ndarray  # int64 ns, -1 = none
     value: np.ndarray  # float64
     boot_id: str = "ingest"
@@ -89,50 +116,107 @@ def _node(nodes: set[str], pos: Position) -> str:
     return node
 
 
+@dataclass(frozen=True)
+class _Shape:
+    """A message's distinct series, resolved: the columns per distinct series."""
+
+    metric: pa.Array
+    device: pa.Array
+    factor: np.ndarray
+    counter: np.ndarray
+    nodes: frozenset[str]
+    names: list[str]
+    devices: list[str]
+
+    def columns(self, inv: np.ndarray) -> tuple[pa.Array, pa.Array]:
+        """Metric and device per sample: by Arrow's take for many samples, by a Python
+        list for a few (a take costs ~25 µs whatever its size)."""
+        if len(inv) > 256:
+            idx = pa.array(inv, pa.int32())
+            return self.metric.take(idx), self.device.take(idx)
+        rows = inv.tolist()
+        names, devices = self.names, self.devices
+        return (pa.array([names[i] for i in rows], pa.string()),
+                pa.array([devices[i] for i in rows], pa.string()))  # fmt: skip
+
+
+_SHAPES: dict[tuple[int, int, int, bytes], _Shape] = {}
+_SOURCES: dict[tuple[str, str, int, str], SourceId] = {}
+
+
+def _shape(points: Points, uniq: np.ndarray, mapping: Mapping) -> _Shape:
+    key = (id(mapping), id(points.series), points.series.generation, uniq.tobytes())
+    got = _SHAPES.get(key)
+    if got is None:
+        targets = [mapping.resolve(points.series.keys[g]) for g in uniq.tolist()]
+        names = [t.metric for t in targets]
+        devices = [t.device for t in targets]
+        got = _Shape(
+            pa.array(names, pa.string()),
+            pa.array(devices, pa.string()),
+            np.array([t.factor for t in targets], dtype=np.float64),
+            np.array([t.counter for t in targets], dtype=bool),
+            frozenset(t.node for t in targets if t.node),
+            names,
+            devices,
+        )
+        if len(_SHAPES) >= 1024:  # bounded: the distinct shapes of recent messages
+            _SHAPES.clear()
+        _SHAPES[key] = got
+    return got
+
+
+def _source(node: str, exporter: str, partition: int, boot_id: str) -> SourceId:
+    k = (node, exporter, partition, boot_id)
+    src = _SOURCES.get(k)
+    if src is None:
+        if len(_SOURCES) >= 100_000:
+            _SOURCES.clear()
+        src = _SOURCES[k] = SourceId(
+            node=node, exporter=exporter, instance=f"p{partition}", boot_id=boot_id
+        )
+    return src
+
+
+def _raw(points: Points, value: np.ndarray, counter: np.ndarray, factor: np.ndarray) -> Any:
+    """A counter's raw reading: the exact integer sent where there is one, else the value
+    rounded; NULL (the refiner says wrong_kind) where negative or not finite."""
+    ok = counter & np.isfinite(value) & (value >= 0) & (value < 1.8446744073709552e19)
+    raw = np.rint(np.where(ok, value, 0.0)).astype(np.uint64)
+    exact = np.zeros_like(ok)
+    if points.exact is not None and points.exact_ok is not None:
+        exact = points.exact_ok & counter & (factor == 1.0)
+        raw[exact] = points.exact[exact]  # an integer counter stays exact past 2**53
+        ok = ok | exact
+    return ok, raw, ok & (value > TWO_53) & ~exact
+
+
 def assemble(points: Points, mapping: Mapping, exporter: str, pos: Position) -> Batch:
     """The native batch of ``points``; raises :class:`RejectedInput` (``oversized``,
     ``bad_envelope``) and nothing else for any content."""
-    n = len(points.sid)
+    n = len(points.gid)
     if n > MAX_ROWS:
         raise RejectedInput(Reason.OVERSIZED, f"{n} samples > {MAX_ROWS}")
-    targets = [mapping.resolve(k) for k in points.keys]
-    node = _node({t.node for t in targets if t.node}, pos)
-    sid = points.sid
-    factor = np.array([t.factor for t in targets] or [1.0], dtype=np.float64)[sid]
-    counter = np.array([t.counter for t in targets] or [False], dtype=bool)[sid]
+    uniq, inv = np.unique(points.gid, return_inverse=True)
+    shape = _shape(points, uniq, mapping)
+    node = _node(set(shape.nodes), pos)
+    factor, counter = shape.factor[inv], shape.counter[inv]
     value = points.value * factor
     ts = np.where(points.ts < 0, pos.append_ns, points.ts)
-    ok = counter & np.isfinite(value) & (value >= 0) & (value < 1.8446744073709552e19)
-    raw_np = np.rint(np.where(ok, value, 0.0)).astype(np.uint64)
-    if points.exact is not None and points.exact_ok is not None:
-        use = points.exact_ok & counter & (factor == 1.0)
-        raw_np[use] = points.exact[use]  # an integer counter stays exact past 2**53
-        ok = ok | use
-    raw = pa.array(raw_np, mask=~ok)
-    value = np.where(ok, raw_np.astype(np.float64), value)  # a counter's value is its raw
-    big = ok & (value > TWO_53)
-    if points.exact_ok is not None:
-        big &= ~(points.exact_ok & (factor == 1.0))
-    if big.any():
-        for i in np.unique(sid[big]).tolist():
-            m = targets[i].metric
-            INEXACT.inexact[m] = INEXACT.inexact.get(m, 0) + int((sid[big] == i).sum())
-    idx = pa.array(sid, pa.int32())
-    metric = pc.take(pa.array([t.metric for t in targets], pa.string()), idx)
-    device = pc.take(pa.array([t.device for t in targets], pa.string()), idx)
+    ok, raw, inexact = _raw(points, value, counter, factor)
+    if inexact.any():
+        for i in np.unique(inv[inexact]).tolist():
+            m = shape.names[i]
+            INEXACT.inexact[m] = INEXACT.inexact.get(m, 0) + int((inv[inexact] == i).sum())
+    value = np.where(ok, raw.astype(np.float64), value)  # a counter's value is its raw
+    metric, device = shape.columns(inv)
+    text = pa.array(points.text, pa.string()) if points.text else pa.nulls(n, pa.string())
     table = pa.Table.from_arrays(
-        [
-            pa.array(ts, pa.int64()),
-            metric,
-            device,
-            pa.array(value, pa.float64()),
-            raw,
-            pa.array(points.text, pa.string()) if points.text else pa.nulls(n, pa.string()),
-        ],
+        [pa.array(ts), metric, device, pa.array(value),
+         pa.array(raw, mask=~ok), text],
         schema=SAMPLES_SCHEMA,
-    )
-    source = SourceId(node=node, exporter=exporter, instance=f"p{pos.partition}",
-                      boot_id=points.boot_id)  # fmt: skip
+    )  # fmt: skip
+    source = _source(node, exporter, pos.partition, points.boot_id)
     sent = int(ts.max()) if n else pos.append_ns
-    env = Envelope(source=source, seq=pos.offset, sent_ns=max(sent, 0))
-    return Batch(envelope=env, table=table)
+    env = Envelope.model_construct(source=source, seq=pos.offset, sent_ns=max(sent, 0))
+    return Batch.model_construct(envelope=env, table=table)

@@ -19,10 +19,11 @@ from typing import Any
 import numpy as np
 
 from schemas.errors import RejectedInput
-from schemas.ingest.assemble import Points
+from schemas.ingest.assemble import Points, SeriesRegistry
 from schemas.ingest.mapping import SeriesKey
 from schemas.reasons import Reason
 
+_REG = SeriesRegistry()
 _CUMULATIVE = frozenset({"derive", "counter"})
 
 
@@ -46,8 +47,7 @@ def decode_collectd(body: bytes, store_rates: bool) -> Points:
         doc = [doc]
     if not isinstance(doc, list):
         raise RejectedInput(Reason.UNDECODABLE, "not a collectd value list array")
-    index: dict[SeriesKey, int] = {}
-    keys: list[SeriesKey] = []
+    _REG.begin()
     sids: list[int] = []
     ts: list[int] = []
     vals: list[float] = []
@@ -69,18 +69,14 @@ def decode_collectd(body: bytes, store_rates: bool) -> Points:
             if t == "absolute" and not store_rates:
                 x = x / interval if interval > 0 else float("nan")
             k: SeriesKey = (base + str(name), labels, hint)
-            j = index.get(k)
-            if j is None:
-                j = index[k] = len(keys)
-                keys.append(k)
-            sids.append(j)
+            sids.append(_REG.id_of(k))
             ts.append(when)
             vals.append(x)
             exact.append(v if isinstance(v, int) and 0 <= v < 2**64 and not hint else -1)
     ex = np.array(exact, dtype=object)
     ok = np.array([e >= 0 for e in exact], dtype=bool)
     return Points(
-        keys,
+        _REG,
         np.array(sids, dtype=np.int64),
         np.array(ts, dtype=np.int64),
         np.array(vals, dtype=np.float64),

@@ -14,12 +14,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from schemas.errors import RejectedInput
-from schemas.ingest.assemble import Points
-from schemas.ingest.mapping import SeriesKey
+from schemas.ingest.assemble import Points, SeriesRegistry
 from schemas.reasons import Reason
 
+_REG = SeriesRegistry()
 _series: dict[str, tuple[str, tuple[tuple[str, str], ...]]] = {}
-_keys: dict[tuple[str, str], SeriesKey] = {}
+_lines: dict[tuple[str, tuple[str, ...]], list[int]] = {}
+_gen = [0]
 _TRUE = pa.array(["t", "T", "true", "True", "TRUE"])
 _FALSE = pa.array(["f", "F", "false", "False", "FALSE"])
 
@@ -65,61 +66,71 @@ def _parse_series(part: str) -> tuple[str, tuple[tuple[str, str], ...]]:
     return got
 
 
-def _key(part: str, field: str) -> SeriesKey:
-    k = _keys.get((part, field))
-    if k is None:
-        meas, tags = _parse_series(part)
-        if len(_keys) > 200_000:
-            _keys.clear()
-        k = _keys[(part, field)] = (f"{meas}.{_unescape(field)}", tags, "")
-    return k
+def _ids(series: str, names: tuple[str, ...]) -> list[int]:
+    """The series ids of a line's fields, cached by the line's series part and field names."""
+    got = _lines.get((series, names))
+    if got is None:
+        meas, tags = _parse_series(series)
+        got = [_REG.id_of((f"{meas}.{_unescape(f)}", tags, "")) for f in names]
+        _lines[(series, names)] = got
+    return got
 
 
-def _line_parts(line: str, number: int) -> tuple[str, list[str], str]:
-    if "\\" not in line and '"' not in line:
+def _fields(line: str, number: int) -> tuple[str, list[str], list[str], str]:
+    """A line's series part, field names, field values and timestamp."""
+    if "\\" not in line and '"' not in line:  # no escape, no string: split only
         parts = line.split(" ")
-        fields = parts[1].split(",") if len(parts) > 1 else []
-    else:
-        parts = _split(line, " ")
-        fields = _split(parts[1], ",") if len(parts) > 1 else []
-    if len(parts) not in (2, 3) or not fields or not parts[0]:
+        kv = parts[1].replace(",", "=").split("=") if len(parts) in (2, 3) else []
+        if len(parts) not in (2, 3) or not parts[0] or len(kv) % 2 or "" in kv:
+            raise RejectedInput(Reason.UNDECODABLE, f"line {number}: not line protocol: "
+                                f"{line[:80]!r}")  # fmt: skip
+        return parts[0], kv[0::2], kv[1::2], parts[2] if len(parts) == 3 else ""
+    parts = _split(line, " ")
+    fields = _split(parts[1], ",") if len(parts) in (2, 3) else []
+    if not parts[0] or not fields:
         raise RejectedInput(Reason.UNDECODABLE, f"line {number}: not line protocol: {line[:80]!r}")
-    return parts[0], fields, parts[2] if len(parts) == 3 else ""
+    names, vals = [], []
+    for f in fields:
+        name, eq, v = f.partition("=")
+        if not eq or not v or not name:
+            raise RejectedInput(Reason.UNDECODABLE, f"line {number}: field {f[:64]!r}")
+        names.append(name)
+        vals.append(v)
+    return parts[0], names, vals, parts[2] if len(parts) == 3 else ""
 
 
 def decode_influx(body: bytes) -> Points:
     """Every field of every line; :class:`RejectedInput` ``undecodable`` naming the first
     malformed line or value."""
+    if _REG.begin() != _gen[0] or len(_lines) > 200_000 or len(_series) > 200_000:
+        _lines.clear()
+        _series.clear()
+        _gen[0] = _REG.generation
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError as e:
         raise RejectedInput(Reason.UNDECODABLE, f"not UTF-8: {e}"[:300]) from e
-    index: dict[SeriesKey, int] = {}
-    keys: list[SeriesKey] = []
-    sids: list[int] = []
+    gids: list[int] = []
     vals: list[str] = []
-    stamps: list[str] = []
+    stamps: list[str | None] = []
+    counts: list[int] = []
     for number, line in enumerate(text.split("\n"), 1):
         if not line or line[0] == "#" or line.isspace():
             continue
-        series, fields, stamp = _line_parts(line.rstrip("\r"), number)
-        for f in fields:
-            name, eq, v = f.partition("=")
-            if not eq or not v:
-                raise RejectedInput(Reason.UNDECODABLE, f"line {number}: field {f[:64]!r}")
-            k = _key(series, name)
-            j = index.get(k)
-            if j is None:
-                j = index[k] = len(keys)
-                keys.append(k)
-            sids.append(j)
-            vals.append(v)
-            stamps.append(stamp)
-    return _points(keys, sids, vals, stamps)
+        series, names, vs, stamp = _fields(line.rstrip("\r"), number)
+        gids += _ids(series, tuple(names))
+        vals += vs
+        stamps.append(stamp or None)
+        counts.append(len(vs))
+    return _points(gids, vals, stamps, counts)
 
 
-def _points(keys: list[SeriesKey], sids: list[int], vals: list[str], stamps: list[str]) -> Points:
+def _points(
+    gids: list[int], vals: list[str], stamps: list[str | None], counts: list[int]
+) -> Points:
     n = len(vals)
+    if n <= 64:  # a few fields: Python per value costs less than a dozen Arrow calls
+        return _few_points(gids, vals, stamps, counts)
     arr = pa.array(vals, pa.string())
     suffix = pc.utf8_slice_codeunits(arr, -1)
     is_int = pc.is_in(suffix, pa.array(["i", "u"])).to_numpy(zero_copy_only=False)
@@ -140,10 +151,8 @@ def _points(keys: list[SeriesKey], sids: list[int], vals: list[str], stamps: lis
             where = np.flatnonzero(is_int)[nonneg]
             exact[where] = digits.filter(pa.array(nonneg)).cast(pa.uint64()).to_numpy()
             exact_ok[where] = True
-        ts = np.full(n, -1, dtype=np.int64)
-        given = pc.not_equal(pa.array(stamps, pa.string()), "").to_numpy(zero_copy_only=False)
-        if given.any():
-            ts[given] = pa.array(stamps).filter(pa.array(given)).cast(pa.int64()).to_numpy()
+        per_line = pa.array(stamps, pa.string()).cast(pa.int64()).fill_null(-1).to_numpy()
+        ts = np.repeat(per_line, counts)
     except pa.ArrowInvalid as e:
         raise RejectedInput(Reason.UNDECODABLE, f"a value is no number: {e}"[:300]) from e
     text: list[str | None] | None = None
@@ -151,5 +160,46 @@ def _points(keys: list[SeriesKey], sids: list[int], vals: list[str], stamps: lis
         text = [None] * n
         for i in np.flatnonzero(is_str).tolist():
             text[i] = vals[i][1:-1].replace('\\"', '"').replace("\\\\", "\\")
-    return Points(keys, np.array(sids, dtype=np.int64), ts, value, exact=exact,
+    return Points(_REG, np.array(gids, dtype=np.int64), ts, value, exact=exact,
                   exact_ok=exact_ok, text=text)  # fmt: skip
+
+
+_TRUE_S = frozenset(_TRUE.to_pylist())
+_FALSE_S = frozenset(_FALSE.to_pylist())
+
+
+def _few_points(
+    gids: list[int], vals: list[str], stamps: list[str | None], counts: list[int]
+) -> Points:
+    value: list[float] = []
+    exact: list[int] = []
+    text: list[str | None] | None = None
+    try:
+        for i, v in enumerate(vals):
+            c = v[-1]
+            x = 0
+            if c == "i" or c == "u":
+                x = int(v[:-1])
+                value.append(float(x))
+            elif c == '"':
+                text = text or [None] * len(vals)
+                text[i] = v[1:-1].replace('\\"', '"').replace("\\\\", "\\")
+                value.append(float("nan"))
+            elif v in _TRUE_S or v in _FALSE_S:
+                value.append(1.0 if v in _TRUE_S else 0.0)
+            else:
+                value.append(float(v))
+            exact.append(x if 0 <= x < 2**64 and c in "iu" else -1)
+        per_line = [int(s) if s else -1 for s in stamps]
+    except ValueError as e:
+        raise RejectedInput(Reason.UNDECODABLE, f"a value is no number: {e}"[:300]) from e
+    ok = np.array([e >= 0 for e in exact], dtype=bool)
+    return Points(
+        _REG,
+        np.array(gids, dtype=np.int64),
+        np.repeat(np.array(per_line, dtype=np.int64), counts),
+        np.array(value, dtype=np.float64),
+        exact=np.array([max(e, 0) for e in exact], dtype=np.uint64),
+        exact_ok=ok,
+        text=text,
+    )

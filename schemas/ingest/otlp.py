@@ -19,7 +19,7 @@ from google.protobuf.message import DecodeError
 from opentelemetry.proto.metrics.v1 import metrics_pb2
 
 from schemas.errors import RejectedInput
-from schemas.ingest.assemble import Points
+from schemas.ingest.assemble import Points, SeriesRegistry
 from schemas.ingest.mapping import SeriesKey
 from schemas.reasons import Reason
 
@@ -36,10 +36,12 @@ def _attrs(kvs: Any) -> list[tuple[str, str]]:
     return out
 
 
+_REG = SeriesRegistry()
+
+
 class _Collect:
     def __init__(self) -> None:
-        self.index: dict[SeriesKey, int] = {}
-        self.keys: list[SeriesKey] = []
+        self.ids = _REG.ids
         self.sids: list[int] = []
         self.ts: list[int] = []
         self.vals: list[float] = []
@@ -47,11 +49,8 @@ class _Collect:
         self.starts: list[int] = []
 
     def add(self, key: SeriesKey, ts: int, v: float, exact: int = -1) -> None:
-        j = self.index.get(key)
-        if j is None:
-            j = self.index[key] = len(self.keys)
-            self.keys.append(key)
-        self.sids.append(j)
+        j = self.ids.get(key)
+        self.sids.append(_REG.id_of(key) if j is None else j)
         self.ts.append(ts)
         self.vals.append(v)
         self.exact.append(exact)
@@ -121,6 +120,7 @@ def decode_otlp(body: bytes, as_json: bool | None = None) -> Points:
     if as_json is None:  # a serialized MetricsData starts with field 1's tag, 0x0a ("\n")
         as_json = body[:1] in (b"{", b" ", b"\t", b"\r")
     data = _parse(body, as_json)
+    _REG.begin()
     c = _Collect()
     for rm in data.resource_metrics:
         res = _attrs(rm.resource.attributes)
@@ -131,7 +131,7 @@ def decode_otlp(body: bytes, as_json: bool | None = None) -> Points:
     exact = np.array([max(e, 0) for e in c.exact], dtype=np.uint64)
     boot = f"start-{min(c.starts)}" if c.starts else "ingest"
     return Points(
-        c.keys,
+        _REG,
         np.array(c.sids, dtype=np.int64),
         np.array(c.ts, dtype=np.int64),
         np.array(c.vals, dtype=np.float64),
