@@ -589,7 +589,13 @@ def align(ts_source: Array, estimate: ClockEstimate) -> tuple[Array, Array, int]
 
 def row_errors(ts_source: Array, anchor: Array, error: Array, rate: Array) -> Array:
     """Each row's bound: ``error + ceil(rate x |ts_source - anchor|)`` (int64), the per-row
-    values of one or more estimates (:meth:`ClockEstimate.error_at`, vectorized)."""
-    dt = pc.cast(pc.abs(pc.subtract(pc.cast(ts_source, pa.int64()), anchor)), pa.float64())
-    grow = pc.cast(pc.ceil(pc.multiply(dt, rate)), pa.int64())
-    return pc.add(error, grow)
+    values of one or more estimates (:meth:`ClockEstimate.error_at`, vectorized; in numpy,
+    ~10x cheaper than the same in Arrow kernels)."""
+    d = np.abs(_np(ts_source) - _np(anchor)).astype(np.float64)
+    d *= _np(rate)
+    np.ceil(d, out=d)
+    return pa.array(_np(error) + d.astype(np.int64))
+
+
+def _np(a: Any) -> Any:
+    return a.to_numpy() if isinstance(a, pa.ChunkedArray) else a.to_numpy(zero_copy_only=False)
