@@ -57,7 +57,7 @@ def cmd_export_nccl(args: argparse.Namespace, settings: RefinerySettings) -> int
                 print(f"export nccl: {poll.bad_lines} line(s) not JSON, skipped", file=sys.stderr)
             if args.once:
                 break
-            time.sleep(max(0.0, interval - (time.monotonic() - t0)))
+            sink.wait(max(0.0, interval - (time.monotonic() - t0)))
     finally:
         left = sink.close()
     return 1 if left or errors else 0
