@@ -47,6 +47,7 @@ from pipelines.enrich import TopologyIndex
 from pipelines.refine import RefineSettings
 from schemas.catalog import Catalog, default_catalog
 from schemas.ingest import IngestDecoder
+from services import kafka_internals
 from services.faust_app import App as FaustApp
 from services.gc_pacer import GcPacer
 from services.settings import KafkaSettings
@@ -80,6 +81,7 @@ class WorkerConfig:
     replication_factor: int = 1
     data_dir: Path = Path(".refinery/worker")
     web_port: int | None = 6066
+    web_host: str = "127.0.0.1"  # /health's bind address (a pod's IP where probes call it)
     # A group's outputs are acknowledged and its state checkpointed once: a large group
     # under backlog writes each stream's state once for several of its batches. It yields
     # to the event loop between chunks (heartbeats run in the consumer's own thread).
@@ -194,6 +196,7 @@ def build_app(
 ) -> faust.App:
     """A configured Faust app with the refining agents; run it with :func:`run_worker`."""
     cat = catalog or default_catalog()
+    kafka_internals.install()  # no batch of the inputs inflates past its bound
     cfg.data_dir.mkdir(parents=True, exist_ok=True)  # Faust creates only the last level
     app = FaustApp(
         cfg.app_id,
@@ -229,8 +232,8 @@ def build_app(
         stream_buffer_maxsize=8192,
         web_enabled=cfg.web_port is not None,
         web_port=cfg.web_port or 6066,
-        web_bind="127.0.0.1",
-        web_host="127.0.0.1",
+        web_bind=cfg.web_host,
+        web_host=cfg.web_host,
     )
     progress = Progress()
     feed = TopologyFeed(kafka.librdkafka(), cfg.inputs.topology, cfg.inputs.jobs)

@@ -66,10 +66,13 @@ class TopologyFeed:
     def _run(self) -> None:
         from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
+        from services.kafka_internals import LIBRDKAFKA_CONSUMER_BOUNDS
+
         try:
             c = Consumer(
                 {
                     **self._conf,
+                    **LIBRDKAFKA_CONSUMER_BOUNDS,
                     "group.id": "refinery-topology-feed",  # never used to commit
                     "enable.auto.commit": False,
                     "enable.partition.eof": True,

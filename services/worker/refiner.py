@@ -43,6 +43,7 @@ from schemas.catalog import Catalog
 from schemas.codec import ARROW, content_type_of, decode, ipc_stream
 from schemas.errors import RejectedInput
 from schemas.ingest import IngestDecoder, Position
+from schemas.reasons import Reason
 from schemas.records import (
     Alert,
     AlertState,
@@ -51,6 +52,7 @@ from schemas.records import (
     compact_json,
 )
 from schemas.wire import Batch, PayloadKind
+from services.kafka_internals import refused_detail
 from services.worker.guard import OutputTooLarge, Undo, detail_of, failed, recoverable
 from services.worker.state import StreamState, decode_overlap, encode_overlap
 from services.worker.waves import ZSTD, _runs, _WaveRows, ipc_with, refined_messages
@@ -318,7 +320,12 @@ class Refiner:
                 last.messages.insert(0, msg)
 
     def _decode(self, rec: RawRecord, ct: str | None) -> Batch:
-        """The record's batch: by its topic's declared format when it is an ingest topic."""
+        """The record's batch: by its topic's declared format when it is an ingest topic.
+        A record whose compressed batch would inflate past the consumer's bound was never
+        inflated (:mod:`services.kafka_internals`): rejected as oversized."""
+        refused = refused_detail(rec.headers)
+        if refused is not None:
+            raise RejectedInput(Reason.OVERSIZED, refused)
         if self.ingest is None:
             return decode(rec.value, ct)
         at = Position(rec.partition, rec.offset, rec.append_ms * 1_000_000, rec.key)

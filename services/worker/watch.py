@@ -112,6 +112,46 @@ class CommitWatch:
                 self._consumer = None
 
 
+class RefusedMessage:
+    """A record :func:`fetch_range` could not read because its batch would inflate past the
+    consumer's bound, in the shape of a confluent-kafka ``Message``: no key, an empty value
+    and the header that marks it refused (:data:`services.kafka_internals.REFUSED_HEADER`)."""
+
+    def __init__(self, topic: str, partition: int, offset: int, why: str) -> None:
+        from services.kafka_internals import REFUSED_HEADER
+
+        self._at = (topic, partition, offset)
+        self._read_ms = time.time_ns() // 1_000_000
+        self._headers = [(REFUSED_HEADER, f"{why} (offset {offset})".encode())]
+
+    def topic(self) -> str:
+        return self._at[0]
+
+    def partition(self) -> int:
+        return self._at[1]
+
+    def offset(self) -> int:
+        return self._at[2]
+
+    def key(self) -> None:
+        return None
+
+    def value(self) -> bytes:
+        return b""
+
+    def headers(self) -> list[tuple[str, bytes]]:
+        return self._headers
+
+    def timestamp(self) -> tuple[int, int]:
+        # the batch's own time was never read: when it was refused, as a broker time
+        from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME
+
+        return (TIMESTAMP_LOG_APPEND_TIME, self._read_ms)
+
+    def error(self) -> None:
+        return None
+
+
 class IncompleteFetch(RuntimeError):
     """A range of offsets could not be read whole: nothing past its start may be committed.
     Raised in a group, it fails the group (none of its records is acked) and the worker
@@ -134,9 +174,12 @@ def fetch_range(
     would declare all of it handled and commit past records it never refined."""
     from confluent_kafka import Consumer, KafkaError, TopicPartition
 
+    from services.kafka_internals import LIBRDKAFKA_CONSUMER_BOUNDS
+
     c = Consumer(
         {
             **conf,
+            **LIBRDKAFKA_CONSUMER_BOUNDS,
             "group.id": "refinery-gap-fetch",
             "enable.auto.commit": False,
             # offsets deleted meanwhile: read from the log's start, not its end
@@ -152,6 +195,16 @@ def fetch_range(
         while reached < end and time.monotonic() < deadline:
             for m in c.consume(num_messages=max(1, min(end - reached, 10_000)), timeout=0.5):
                 err = m.error()
+                if err is not None and err.code() == KafkaError._BAD_COMPRESSION:
+                    # a batch librdkafka would not inflate (over receive.message.max.bytes):
+                    # it repeats the error at that offset for good; each offset is handed
+                    # over as refused (the refiner dead-letters it) and reading goes on
+                    off = int(m.offset() or 0)
+                    if start <= off < end and off >= reached:
+                        out.append(RefusedMessage(topic, partition, off, str(err)))
+                        reached = off + 1
+                    c.seek(TopicPartition(topic, partition, max(off + 1, reached)))
+                    break
                 if err is not None and err.code() != KafkaError._PARTITION_EOF:
                     continue
                 off = int(m.offset() or 0)

@@ -1,0 +1,220 @@
+"""What the stream processors reach into aiokafka's internals for, in one place: a bound on the
+bytes one compressed record batch may inflate to.
+
+Why: a producer compresses a record batch; the broker bounds its *compressed* size
+(``max.message.bytes``) and a consumer's fetch bounds bound what it fetches, but nothing bounds
+what a batch inflates to. A few KiB of zstd or gzip can be gigabytes of zeros, and aiokafka
+(the Faust worker's consumer) inflates every batch whole with no limit: one principal that may
+write a raw topic could exhaust every worker's memory. librdkafka (the confluent-kafka
+consumers) refuses a zstd batch beyond ``receive.message.max.bytes`` but inflates gzip, lz4 and
+snappy batches whole too (see ``tests/security/test_kafka_bomb.py``).
+
+What :func:`install` changes, all of it aiokafka 0.14's (``tests/security/test_kafka_bomb.py``
+fails if any of it moves):
+
+- ``gzip_decode``, ``snappy_decode``, ``lz4_decode`` and ``zstd_decode`` as the record-batch
+  modules (``aiokafka.record.default_records`` and its compiled twin) look them up: bounded
+  versions that stop at :data:`MAX_INFLATED_BYTES` and raise :class:`InflateRefused`;
+- ``MemoryRecords`` as ``aiokafka.consumer.fetcher`` builds it from a fetch response: a wrapper
+  whose batches, when one is refused, yield in its place one record per offset of the batch,
+  with no key, an empty value and the header :data:`REFUSED_HEADER` saying why. The worker
+  dead-letters each (reason ``oversized``) like any record it cannot accept, and the partition
+  moves on: the offsets are delivered, so nothing is skipped and nothing stalls.
+
+aiokafka's fetch size bounds (``fetch_max_bytes``, ``max_partition_fetch_bytes``) are set in
+:mod:`services.faust_app` where the consumer is built.
+"""
+
+from __future__ import annotations
+
+import mmap
+import struct
+import zlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+# the largest a record batch may inflate to: the raw topics take batches of at most 16 MiB
+# compressed from producers whose batches are at most a few MB (librdkafka's batch.size) and
+# whose records are at most 16 MiB each (schemas.codec.MAX_MESSAGE_BYTES)
+MAX_INFLATED_BYTES = 64 * 1024 * 1024
+REFUSED_HEADER = "x-refinery-refused"
+
+_XERIAL = b"\x82SNAPPY\x00"
+
+
+# the same bounds for the confluent-kafka (librdkafka) consumers: what a fetch carries, and the
+# largest response, which librdkafka also applies to what a zstd batch inflates to (gzip, lz4
+# and snappy batches it inflates whole: only aiokafka's are bounded here)
+LIBRDKAFKA_CONSUMER_BOUNDS: dict[str, int] = {
+    "fetch.max.bytes": 32 * 1024 * 1024,
+    "max.partition.fetch.bytes": 32 * 1024 * 1024,
+    "receive.message.max.bytes": MAX_INFLATED_BYTES + 512,
+    "queued.max.messages.kbytes": 65_536,  # pre-fetched, per consumer
+}
+
+
+class InflateRefused(ValueError):
+    """A compressed record batch would inflate past :data:`MAX_INFLATED_BYTES`."""
+
+
+def _into_bounded(decompress_into: Callable[[Any, Any], int], codec: str) -> Callable[[Any], Any]:
+    """A decoder writing into an anonymous mapping of the bound's size: its pages take memory
+    only as they are written, and the codec stops at its end."""
+
+    def decode(payload: Any) -> Any:
+        out = mmap.mmap(-1, MAX_INFLATED_BYTES + 1)
+        try:
+            n = decompress_into(payload, out)
+        except Exception as e:  # cramjam: "failed to write whole buffer", or corrupt data
+            raise InflateRefused(
+                f"{codec} batch inflates past {MAX_INFLATED_BYTES} bytes or is corrupt: {e}"
+            ) from e
+        if n > MAX_INFLATED_BYTES:
+            raise InflateRefused(f"{codec} batch inflates past {MAX_INFLATED_BYTES} bytes")
+        return memoryview(out)[:n]
+
+    return decode
+
+
+def gzip_decode(payload: Any) -> bytes:
+    d = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    out = d.decompress(bytes(payload), MAX_INFLATED_BYTES + 1)
+    if len(out) > MAX_INFLATED_BYTES or d.unconsumed_tail:
+        raise InflateRefused(f"gzip batch inflates past {MAX_INFLATED_BYTES} bytes")
+    return out
+
+
+def snappy_decode(payload: Any) -> Any:
+    """The size of each raw snappy block is in its header: checked before anything inflates
+    (the xerial framing Kafka producers use is a sequence of such blocks)."""
+    import cramjam
+    from aiokafka.codec import snappy_decode as inflate
+
+    data = bytes(payload)
+    blocks = [data]
+    if data[:8] == _XERIAL and len(data) >= 16:
+        blocks, pos = [], 16
+        while pos + 4 <= len(data):
+            (n,) = struct.unpack_from("!i", data, pos)
+            blocks.append(data[pos + 4 : pos + 4 + n])
+            pos += 4 + n
+    total = 0
+    for b in blocks:
+        try:
+            total += int(cramjam.snappy.decompress_raw_len(b))
+        except Exception as e:
+            raise InflateRefused(f"snappy batch: {e}") from e
+        if total > MAX_INFLATED_BYTES:
+            raise InflateRefused(f"snappy batch inflates past {MAX_INFLATED_BYTES} bytes")
+    return inflate(data)
+
+
+def _decoders() -> dict[str, Callable[[Any], Any]]:
+    import cramjam
+
+    return {
+        "gzip_decode": gzip_decode,
+        "snappy_decode": snappy_decode,
+        "lz4_decode": _into_bounded(cramjam.lz4.decompress_into, "lz4"),
+        "zstd_decode": _into_bounded(cramjam.zstd.decompress_into, "zstd"),
+    }
+
+
+class _RefusingBatch:
+    """A record batch that, if it cannot be inflated within the bound, yields one refused
+    record per offset instead of raising (every other attribute is the batch's own)."""
+
+    def __init__(self, batch: Any) -> None:
+        self._batch = batch
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._batch, name)
+
+    def __iter__(self) -> Iterator[Any]:
+        try:
+            records = iter(self._batch)  # the batch inflates here, whole (or at the first next)
+            first = next(records)
+        except StopIteration:
+            return
+        except InflateRefused as e:
+            yield from _refused(self._batch, str(e))
+            return
+        yield first
+        while True:  # (not ``yield from``: it would call the batch's __iter__ a second time)
+            try:
+                yield next(records)
+            except StopIteration:
+                return
+
+    def __next__(self) -> Any:  # PartitionRecords reads a control batch's first record
+        return next(self._batch)
+
+
+def _refused(batch: Any, why: str) -> Iterator[Any]:
+    from aiokafka.record.default_records import DefaultRecord
+
+    first, last = batch.base_offset, batch.next_offset - 1
+    detail = f"{why} (offsets {first}..{last})".encode()
+    for off in range(first, last + 1):
+        yield DefaultRecord(
+            off, batch.max_timestamp, batch.timestamp_type, None, b"", [(REFUSED_HEADER, detail)]
+        )
+
+
+class _BoundedRecords:
+    """``MemoryRecords`` whose batches refuse to inflate past the bound (see the module)."""
+
+    def __init__(self, data: bytes, records: type) -> None:
+        self._records = records(data)
+
+    def size_in_bytes(self) -> int:
+        return int(self._records.size_in_bytes())
+
+    def has_next(self) -> bool:
+        return bool(self._records.has_next())
+
+    def next_batch(self) -> Any:
+        batch = self._records.next_batch()
+        return _RefusingBatch(batch) if batch is not None else None
+
+
+_installed = False
+
+
+def install() -> None:
+    """Bound what aiokafka's consumers of this process inflate (idempotent). Raises
+    RuntimeError when aiokafka's internals are not those this module was written for."""
+    global _installed
+    if _installed:
+        return
+    import aiokafka.consumer.fetcher as fetcher
+    import aiokafka.record.default_records as py_records
+
+    modules: list[Any] = [py_records]
+    try:
+        from aiokafka.record._crecords import default_records as c_records
+
+        modules.append(c_records)
+    except ImportError:  # no compiled extensions: the Python module is the one in use
+        pass
+    decoders = _decoders()
+    for m in modules:
+        missing = [name for name in decoders if not callable(getattr(m, name, None))]
+        if missing:
+            raise RuntimeError(f"aiokafka changed: {m.__name__} has no {missing}")
+    original = getattr(fetcher, "MemoryRecords", None)
+    if not isinstance(original, type):
+        raise RuntimeError("aiokafka changed: aiokafka.consumer.fetcher.MemoryRecords is gone")
+    for m in modules:
+        for name, fn in decoders.items():
+            setattr(m, name, fn)
+    fetcher.MemoryRecords = lambda data: _BoundedRecords(data, original)
+    _installed = True
+
+
+def refused_detail(headers: list[tuple[str, bytes]]) -> str | None:
+    """Why the record with these headers was refused by the bound (None: it was not)."""
+    for k, v in headers:
+        if k == REFUSED_HEADER:
+            return v.decode("utf-8", "replace")
+    return None
