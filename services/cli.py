@@ -26,6 +26,8 @@ COMMAND_MODULES: tuple[str, ...] = (
     "services.exporters.node_cli",
     "services.exporters.firmware_cli",
     "services.exporters.nccl_cli",
+    "services.exporters.scrape",
+    "services.catalog_cli",
     "services.topology.cli",
     "services.worker.cli",
     "services.simulate.cli",
