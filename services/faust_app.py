@@ -19,6 +19,10 @@ import faust
 from faust.transport.drivers import aiokafka as faust_aiokafka
 
 FETCH_MAX_WAIT_MS = 50
+# what one fetch response may carry, compressed (aiokafka's default is 50 MiB; the broker still
+# returns a first batch larger than this, so no record is too large to fetch). What a batch
+# inflates to is bounded by services.kafka_internals.
+FETCH_MAX_BYTES = 32 * 1024 * 1024
 
 
 class _ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
@@ -26,6 +30,7 @@ class _ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
         consumer = super()._create_worker_consumer(transport)
         # read by AIOKafkaConsumer.start(), which builds its fetcher from it
         consumer._fetch_max_wait_ms = FETCH_MAX_WAIT_MS
+        consumer._fetch_max_bytes = FETCH_MAX_BYTES
         return consumer
 
 
@@ -39,7 +44,8 @@ class _Transport(faust_aiokafka.Transport):
 
 
 class App(faust.App):
-    """``faust.App`` whose consumer waits at most :data:`FETCH_MAX_WAIT_MS` per fetch."""
+    """``faust.App`` whose consumer waits at most :data:`FETCH_MAX_WAIT_MS` per fetch and
+    fetches at most :data:`FETCH_MAX_BYTES` at a time."""
 
     def _new_transport(self) -> Any:
         return _Transport(self.conf.broker_consumer, self)

@@ -12,7 +12,7 @@ import faust
 import pytest
 from pydantic import ValidationError
 
-from services.faust_app import FETCH_MAX_WAIT_MS, App
+from services.faust_app import FETCH_MAX_BYTES, FETCH_MAX_WAIT_MS, App
 from services.settings import KafkaSettings
 from services.telemetry import ServiceTelemetry
 from services.worker.app import WorkerConfig, build_app
@@ -44,6 +44,7 @@ def test_the_app_waits_at_most_the_short_fetch_wait_where_faust_waits_1500_ms(
     assert FETCH_MAX_WAIT_MS <= 100
     ours = App("refinery", broker=broker, autodiscover=False, datadir=str(tmp_path / "b"))
     assert _fetch_wait_ms(ours) == FETCH_MAX_WAIT_MS
+    assert _consumer_ms(ours, "_fetch_max_bytes") == [FETCH_MAX_BYTES]  # (bytes)
 
 
 def test_the_worker_app_is_built_on_it(tmp_path: Path) -> None:
