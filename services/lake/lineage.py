@@ -10,15 +10,18 @@ same record at a new Kafka offset; the lander drops it by the record's identity:
 ==============  ===========================  ===============================  =============
 dataset         stream                       identity within the stream       ordered by
 ==============  ===========================  ===============================  =============
-samples         raw_partition                raw_offset (lineage)             raw_offset
-events          raw_partition                raw_offset (lineage)             raw_offset
-collectives     raw_partition                raw_offset (lineage)             raw_offset
+samples         [raw_topic,] raw_partition   raw_offset (lineage)             raw_offset
+events          [raw_topic,] raw_partition   raw_offset (lineage)             raw_offset
+collectives     [raw_topic,] raw_partition   raw_offset (lineage)             raw_offset
 deadletter      topic, partition             offset, scope, reason            offset
 accounting      raw_topic, raw_partition     raw_offset                       raw_offset
 alerts          (one)                        id, state                        kafka_offset
 episodes        (one)                        id, state                        kafka_offset
 rollups         node, window_s               window_start                     window_start
 ==============  ===========================  ===============================  =============
+
+[raw_topic,]: read as NULL where the rows do not carry it (refined and aligned rows name
+their raw partition and offset, not yet their raw topic).
 
 A producer publishes every row of one identity in one message, each time it publishes it (a
 refined or aligned message holds whole raw records; a dead letter, an accounting row, an
@@ -55,13 +58,18 @@ class Identity:
     order: str
     window: int
     older_landed: bool = True
+    optional: tuple[str, ...] = ()  # columns a producer may not write yet: read as NULL
 
     @property
     def columns(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys((*self.stream, *self.ident, self.order)))
 
 
-_LINEAGE = Identity(("raw_partition",), ("raw_offset",), "raw_offset", 50_000)
+# raw_topic: the refiner's rows name their raw partition and offset; a raw topic besides
+# telemetry.raw (the ingest topics) has positions of its own, told apart once rows carry it
+_LINEAGE = Identity(
+    ("raw_topic", "raw_partition"), ("raw_offset",), "raw_offset", 50_000, optional=("raw_topic",)
+)
 _BY_ID = Identity((), ("id", "state"), "kafka_offset", 50_000, older_landed=False)
 
 IDENTITIES: dict[str, Identity] = {
@@ -122,7 +130,13 @@ class LineageIndex:
         if not files:
             return index
         cols = spec.columns
-        sel = ", ".join(f'"{c}"' for c in cols)
+        have = {
+            str(r[0])
+            for r in duckdb.execute(
+                "DESCRIBE SELECT * FROM read_parquet(?, union_by_name = true)", [list(files)]
+            ).fetchall()
+        }
+        sel = ", ".join(f'"{c}"' if c in have else f'NULL AS "{c}"' for c in cols)
         over = ", ".join(f'"{c}"' for c in spec.stream)
         window = f"PARTITION BY {over}" if over else ""
         sql = f"""
@@ -148,7 +162,8 @@ class LineageIndex:
     def drop_landed(self, table: pa.Table) -> pa.Table:
         """``table`` less the rows of identities landed before (and remembers the others)."""
         spec = self.spec
-        if any(table.schema.get_field_index(c) < 0 for c in spec.columns):
+        schema = table.schema
+        if any(schema.get_field_index(c) < 0 for c in spec.columns if c not in spec.optional):
             return table  # rows written by a producer that carries no identity: all land
         dups: list[tuple[Key, Key]] = []
         idents = _identities(table, spec)
@@ -172,21 +187,24 @@ class LineageIndex:
 
 
 def _identities(table: pa.Table, spec: Identity) -> list[tuple[Key, Key, int | None]]:
-    """The distinct identities of ``table``'s rows: (stream, identity, order). One stream and
-    the order as the whole identity (refined and aligned rows: one raw partition per message)
-    is settled by one min/max pass and the distinct orders (or none when there is one)."""
-    if len(spec.stream) == 1 and spec.ident == (spec.order,):
-        part, off = table.column(spec.stream[0]), table.column(spec.order)
-        if part.null_count == 0 and off.null_count == 0 and pa.types.is_integer(part.type):
-            p = pc.min_max(part)
-            lo, hi = p["min"].as_py(), p["max"].as_py()
-            if lo == hi:
-                o = pc.min_max(off)
-                first, last = o["min"].as_py(), o["max"].as_py()
-                offs = [first] if first == last else pc.unique(off).to_pylist()
-                return [((lo,), (x,), x) for x in offs]
+    """The distinct identities of ``table``'s rows: (stream, identity, order). A single stream
+    whose order is the whole identity (refined and aligned rows: one raw partition per
+    message) is settled by min/max passes and the distinct orders (or none when one)."""
+    names = table.schema.names
+    if spec.ident == (spec.order,):
+        stream = _one_stream(table, spec, names)
+        off = table.column(spec.order)
+        if stream is not None and off.null_count == 0:
+            o = pc.min_max(off)
+            first, last = o["min"].as_py(), o["max"].as_py()
+            offs = [first] if first == last else pc.unique(off).to_pylist()
+            return [(stream, (x,), x) for x in offs]
+    n = table.num_rows
     cols = spec.columns
-    sub = pa.table([_plain(table.column(c)) for c in cols], names=list(cols))
+    sub = pa.table(
+        [_plain(table.column(c)) if c in names else pa.nulls(n, pa.string()) for c in cols],
+        names=list(cols),
+    )
     groups = sub.group_by(list(cols), use_threads=False).aggregate([])
     at = {c: i for i, c in enumerate(groups.column_names)}
     rows = zip(*(groups.column(c).to_pylist() for c in groups.column_names), strict=True)
@@ -200,20 +218,44 @@ def _identities(table: pa.Table, spec: Identity) -> list[tuple[Key, Key, int | N
     ]
 
 
+def _one_stream(table: pa.Table, spec: Identity, names: list[str]) -> Key | None:
+    """The stream of every row of ``table`` when it has one (absent optional columns are
+    NULL), else None."""
+    key: list[Hashable] = []
+    for c in spec.stream:
+        if c not in names:
+            key.append(None)
+            continue
+        col = _plain(table.column(c))
+        if col.null_count:
+            return None
+        mm = pc.min_max(col)
+        lo, hi = mm["min"].as_py(), mm["max"].as_py()
+        if lo != hi:
+            return None
+        key.append(lo)
+    return tuple(key)
+
+
 def _plain(col: pa.ChunkedArray) -> pa.ChunkedArray:
     return col.cast(col.type.value_type) if pa.types.is_dictionary(col.type) else col
 
 
 def _rows_of(table: pa.Table, idents: list[dict[str, Hashable]]) -> pa.ChunkedArray:
-    """A mask of the rows whose identity columns equal one of ``idents``."""
-    hit: pa.ChunkedArray | None = None
+    """A mask of the rows whose identity columns equal one of ``idents`` (a column the rows
+    do not carry reads as NULL)."""
+    names = table.schema.names
+    hit = pa.chunked_array([pa.repeat(False, table.num_rows)])
     for values in idents:
+        if any(c not in names and v is not None for c, v in values.items()):
+            continue  # wants a value where the rows have none: no row
         one: pa.ChunkedArray | None = None
         for c, v in values.items():
+            if c not in names:
+                continue
             col = _plain(table.column(c))
             eq = pc.is_null(col) if v is None else pc.fill_null(pc.equal(col, v), False)
             one = eq if one is None else pc.and_(one, eq)
-        assert one is not None
-        hit = one if hit is None else pc.or_(hit, one)
-    assert hit is not None
+        if one is not None:
+            hit = pc.or_(hit, one)
     return hit

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from services.lake import synth
 from services.lake.datasets import DATASETS, conform
 from services.lake.lineage import IDENTITIES, Identity, Landed, LineageIndex
 from services.lake.writer import LakeWriter
@@ -156,6 +157,20 @@ def test_rollup_windows_of_a_node_land_once_whichever_message_carries_them() -> 
     assert index.drop_landed(_rollups("n1", [0])).num_rows == 3  # another node's window
 
 
+def _samples(offsets: list[int], topic: str | None = None) -> pa.Table:
+    t = synth.refined_samples(nodes=1, seconds=2).slice(0, len(offsets))
+    t = t.set_column(t.schema.get_field_index("raw_offset"), "raw_offset", pa.array(offsets))
+    return t if topic is None else t.append_column("raw_topic", pa.array([topic] * len(offsets)))
+
+
+def test_refined_rows_of_another_raw_topic_are_other_records_once_rows_name_it() -> None:
+    index = LineageIndex(IDENTITIES["samples"])
+    assert index.drop_landed(_samples([7, 7, 8])).num_rows == 3
+    assert index.drop_landed(_samples([8, 8, 9])).column("raw_offset").to_pylist() == [9]
+    assert index.drop_landed(_samples([7, 8], "telemetry.ingest.influx")).num_rows == 2
+    assert index.drop_landed(_samples([7], "telemetry.ingest.influx")).num_rows == 0
+
+
 def test_a_table_without_the_identity_columns_lands_whole() -> None:
     index = LineageIndex(Identity(("nope",), ("raw_offset",), "raw_offset", 10))
     t = _accounting([1, 1])
@@ -165,6 +180,7 @@ def test_a_table_without_the_identity_columns_lands_whole() -> None:
 def test_the_index_rebuilt_from_landed_files_drops_what_landing_dropped(tmp_path: Path) -> None:
     w = LakeWriter(tmp_path)
     cases = {
+        "samples": _samples([3, 3, 4]),
         "deadletter": _deadletters([(0, 5, "samples", "unknown_metric"), (0, 7, "record", "x")]),
         "accounting": _accounting([1, 2, 3]),
         "rollups": _rollups("n0", [0, 10 * 10**9]),
