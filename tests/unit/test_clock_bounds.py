@@ -232,3 +232,21 @@ def test_refined_rows_say_what_their_bound_rests_on_and_grow_off_the_anchor() ->
     rows = _refine([t1 + off], 4, t1 + off, t1 + 10 * S, None, state, log_append=False)
     assert rows[0]["clock_basis"] == "create_time"
     assert len(state.clocks["n1|node|0"].points) == points
+
+
+def test_exchanges_of_another_partition_leader_are_not_intersected() -> None:
+    """Each partition's leader has its own clock: leader 1 runs 5 ms ahead of leader 0."""
+    w = World(0, 0.0, [])
+    log = ExchangeLog()
+    for i in range(4):
+        t = T0 + i * S
+        ex, ms, ma = _exchange(w, t, 200_000, 200_000, part=i % 2)
+        if ex.partition == 1:
+            ex = Exchange(ex.sent_ns, ex.append_ms + 5, ex.ack_ns, 1)  # a leader 5 ms ahead
+        log.add(ex, ms, ma)
+    carried = log.carried()
+    assert {e.partition for e in carried} == {1}  # the newest exchange's partition
+    lo, hi, used = hard_interval([*carried, *log.carried(partition=0)], w.wall(T0 + 4 * S)) or (
+        0, 0, 0,
+    )  # fmt: skip
+    assert used == len(carried) and lo <= -5 * MS <= hi
