@@ -8,12 +8,15 @@ per-batch Python is per source, never per sample.
 Silence is judged on the pipeline's own progress, in the broker's time: per raw partition,
 :class:`PartitionProgress` holds the broker append time of the raw records the refiner has
 accounted for (``telemetry.accounting``, :meth:`RuleEngine.on_progress`) and how far the
-refined rows read have come. A source is silent when its partition has been refined more than
-``intervals`` of its intervals of broker time past its own last record: other sources of the
-partition were appended, refined and read meanwhile, and it was not. Neither the wall clock
+refined rows read have come, per refined partition they are read from (its lane: the refined
+topic's partitioner need not be the exporters'). A source is silent when its raw partition has
+been refined and read through its lane more than ``intervals`` of its intervals of broker time
+past its own last record: other sources there were appended, refined and read meanwhile, and
+it was not. Neither the wall clock
 nor the source's own (possibly wrong) clock enters, so a refiner that is behind, restarting or
 catching up, or a partition read ahead of another, makes nobody silent. A partition with no
-record at all judges nobody (the freshness rule reports a pipeline gone quiet). Without any
+record at all judges nobody (the freshness rule reports a pipeline gone quiet), and
+a node alone in its lane whose every exporter stops is not judged either. Without any
 accounting (an engine fed refined rows only) silence falls back to data time: the engine's
 ``now`` against the source's newest aligned ts.
 """
@@ -62,18 +65,20 @@ class SourceState:
     repeats: int = 0
     partition: int = -1  # raw partition of its records (-1: not known)
     offset: int = -1  # raw offset of its newest record
+    lane: int = -1  # the refined partition its rows are read from (-1: not known)
 
 
 @dataclass
 class PartitionProgress:
     """One raw partition as far as the engine has read it: the broker append time of each raw
     record accounted for, as ``(offset, append_ns)`` runs (one entry per run of records with
-    one append time, at its last offset; at most ``cap`` entries, the oldest dropped), and the
-    newest raw offset of the refined rows read."""
+    one append time, at its last offset; at most ``cap`` entries, the oldest dropped), and per
+    lane (the refined partition rows are read from: a raw partition's nodes may be spread
+    over several, each read at its own pace) the newest raw offset of the rows read."""
 
     offsets: list[int] = field(default_factory=list)
     appends: list[int] = field(default_factory=list)
-    refined_upto: int = -1
+    refined_upto: dict[int, int] = field(default_factory=dict)
     cap: int = 100_000
 
     def accounted(self, offset: int, append_ns: int) -> None:
@@ -90,10 +95,14 @@ class PartitionProgress:
         if len(self.offsets) > self.cap:
             del self.offsets[: self.cap // 2], self.appends[: self.cap // 2]
 
-    def reached_ns(self) -> int | None:
+    def refined(self, lane: int, offset: int) -> None:
+        self.refined_upto[lane] = max(self.refined_upto.get(lane, -1), offset)
+
+    def reached_ns(self, lane: int) -> int | None:
         """Broker time up to which the partition's records are both accounted for and read
-        refined: the append time of the newest entry at or before ``refined_upto``."""
-        i = bisect_right(self.offsets, self.refined_upto) - 1
+        refined through ``lane``: the append time of the newest entry at or before the
+        newest raw offset read there."""
+        i = bisect_right(self.offsets, self.refined_upto.get(lane, -1)) - 1
         return self.appends[i] if i >= 0 else None
 
     def append_of(self, offset: int) -> int | None:
@@ -165,10 +174,12 @@ def observe_sources(
     book: AlertBook,
     now_ns: int,
     progress: dict[int, PartitionProgress] | None = None,
+    lanes: dict[str, int] | None = None,
 ) -> list[Alert]:
     """Update per-source state from batch summaries; resolves silent alerts of sources that
     speak again, fires/resolves frozen alerts. ``progress``: per raw partition, how far the
-    refined rows read have come (updated here)."""
+    refined rows read have come (updated here); ``lanes``: node -> the refined partition its
+    rows are read from."""
     out: list[Alert] = []
     for r in rows:
         src, ts = r["source"], int(r["ts_max"])
@@ -176,9 +187,9 @@ def observe_sources(
         part, off = r.get("raw_partition_max"), r.get("raw_offset_max")
         if part is not None and off is not None:
             st.partition, st.offset = int(part), max(st.offset, int(off))
+            st.lane = (lanes or {}).get(_entity_node(src), -1)
             if progress is not None:
-                pp = progress.setdefault(st.partition, PartitionProgress())
-                pp.refined_upto = max(pp.refined_upto, st.offset)
+                progress.setdefault(st.partition, PartitionProgress()).refined(st.lane, st.offset)
         for rule in silent:  # it spoke, whatever its clock says of the time
             a = book.resolve(rule.name, src, max(ts, st.last_ts), now_ns)
             if a is not None:
@@ -233,7 +244,7 @@ def _quiet(
     pp = progress.get(st.partition)
     if pp is None or st.offset < 0:
         return None
-    reached, last = pp.reached_ns(), pp.append_of(st.offset)
+    reached, last = pp.reached_ns(st.lane), pp.append_of(st.offset)
     if reached is None or last is None:
         return None
     return reached - last, last

@@ -9,6 +9,7 @@ What the Faust shim calls (all pure; time is always passed in, never read)::
     alerts = engine.on_clock([ClockStatus(...)], now_ns)   # per refiner clock estimate
     engine.on_deadletters(n, now_ns)                    # per dead-letter batch
     engine.on_progress(partition, offset, append_ns)    # per raw record accounted for
+    engine.on_lane(node, refined_partition)             # where a node's refined rows come from
     alerts = engine.tick(now_ns)                        # every second or so
     table_value = engine.to_dict()                      # JSON-able, for a Faust table
 
@@ -96,6 +97,7 @@ class RuleEngine:
         self.book = AlertBook()
         self.sources: dict[str, SourceState] = {}
         self.progress: dict[int, PartitionProgress] = {}  # per raw partition
+        self.lanes: dict[str, int] = {}  # node -> the refined partition its rows come from
         self.deadletters = DeadletterWindow()
         self.last_values: dict[str, dict[str, float]] = {}  # sample-borne events per rule
         self._fields: dict[str, str] = {}
@@ -143,7 +145,14 @@ class RuleEngine:
         if self._silent or self._frozen:
             rows = summarize_batches(refined)
             out += observe_sources(
-                rows, self.sources, self._silent, self._frozen, self.book, now_ns, self.progress
+                rows,
+                self.sources,
+                self._silent,
+                self._frozen,
+                self.book,
+                now_ns,
+                self.progress,
+                self.lanes,
             )
         out += eval_freshness(refined, self._fresh, self.book, now_ns)
         return out
@@ -178,6 +187,11 @@ class RuleEngine:
         topic, appended by the broker at ``append_ns``: silence is judged on this progress
         (:mod:`pipelines.rule_health`). Records of a partition arrive in offset order."""
         self.progress.setdefault(partition, PartitionProgress()).accounted(offset, append_ns)
+
+    def on_lane(self, node: str, lane: int) -> None:
+        """``node``'s refined rows are read from refined partition ``lane`` (before they are
+        evaluated): a raw partition's progress is judged per lane."""
+        self.lanes[node] = lane
 
     def on_deadletters(self, count: int, now_ns: int) -> None:
         """Count ``count`` dead letters at ``now_ns``; the rate is judged by :meth:`tick`."""

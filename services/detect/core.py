@@ -103,7 +103,10 @@ class DetectCore:
         self.topics = topics
         self.detector = detector
         self.telemetry = telemetry
-        self._raw_seen: dict[int, int] = {}
+        # (refined partition, raw partition) -> highest raw offset seen: a raw partition's
+        # nodes may be spread over several refined partitions (the exporters' partitioner
+        # need not be the refined topic's), each read at its own pace
+        self._raw_seen: dict[tuple[int, int], int] = {}
         self._next: dict[int, int] = {}  # refined partition -> next offset to read
         self._latest: dict[int, int] = {}  # refined partition -> newest aligned ts read
         self._topology_version = -1
@@ -185,27 +188,29 @@ class DetectCore:
         if table.num_rows == 0:
             return None
         newest = int(pc.max(table.column("ts")).as_py())
+        self.detector.engine.on_lane(str(table.column("node")[0].as_py()), partition)
         self._latest[partition] = max(self._latest.get(partition, newest), newest)
         raw_part, raw_off = table.column("raw_partition"), table.column("raw_offset")
         lo, hi = pc.min_max(raw_part).values()
         if lo.as_py() == hi.as_py():  # the usual case: a node's records share a raw partition
-            return self._unseen(table, int(lo.as_py()), raw_off)
+            return self._unseen(table, (partition, int(lo.as_py())), raw_off)
         parts = []
         for p in pc.unique(raw_part).to_pylist():
             sub = table.filter(pc.equal(raw_part, p))
-            kept = self._unseen(sub, int(p), sub.column("raw_offset"))
+            kept = self._unseen(sub, (partition, int(p)), sub.column("raw_offset"))
             if kept is not None:
                 parts.append(kept)
         return pa.concat_tables(parts) if parts else None
 
-    def _unseen(self, table: pa.Table, raw_part: int, raw_off: Any) -> pa.Table | None:
-        """The rows of ``table`` (all of raw partition ``raw_part``) above the highest raw
-        offset seen there; that high mark moves to the table's highest."""
-        seen = self._raw_seen.get(raw_part, -1)
+    def _unseen(self, table: pa.Table, lane: tuple[int, int], raw_off: Any) -> pa.Table | None:
+        """The rows of ``table`` (all of one raw partition, read from one refined partition:
+        ``lane``) above the highest raw offset seen there; that high mark moves to the table's
+        highest."""
+        seen = self._raw_seen.get(lane, -1)
         lo, hi = (int(x.as_py()) for x in pc.min_max(raw_off).values())
         if hi <= seen:
             return None  # a refiner replay of positions already seen
-        self._raw_seen[raw_part] = hi
+        self._raw_seen[lane] = hi
         return table if lo > seen else table.filter(pc.greater(raw_off, seen))
 
     def watermark(self, high: Callable[[int], int]) -> int | None:
