@@ -152,6 +152,7 @@ def run(args: argparse.Namespace, settings: RefinerySettings) -> int:
     from services.kafka_log import require_cluster
     from services.telemetry import ServiceTelemetry
     from services.worker.app import InputTopics, WorkerConfig, build_app, run_worker
+    from services.worker.preflight import check_partitions
     from services.worker.refiner import OutputTopics
 
     require_cluster(settings.kafka().librdkafka())  # first contact: one line, exit 1
@@ -211,6 +212,7 @@ def run(args: argparse.Namespace, settings: RefinerySettings) -> int:
             ),
         ),
     )
+    check_partitions(conf, cfg.app_id, {"raw": inputs.raw, "events": inputs.events})
     telemetry = ServiceTelemetry("worker", otlp_endpoint=settings.otlp_endpoint)
     keep_heap()
     app = build_app(kafka, cfg, telemetry)
