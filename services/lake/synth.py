@@ -167,7 +167,7 @@ def collectives(
     """AllReduce records of one job over ``nodes x 8`` ranks; ``slow_rank`` arrives late."""
     rng = np.random.default_rng(seed)
     nranks = nodes * 8
-    rows: dict[str, list[object]] = {k: [] for k in COLLECTIVES_LAKE_SCHEMA.names}
+    rows: dict[str, list[object]] = {}  # columns not set here (nullable) conform as NULL
     for op in range(ops):
         t = start_ns + op * 1_000_000_000
         for r in range(nranks):
@@ -198,7 +198,7 @@ def collectives(
                 ("raw_partition", 0),
                 ("raw_offset", op),
             ):
-                rows[k].append(v)
+                rows.setdefault(k, []).append(v)
     return conform(pa.table(rows), COLLECTIVES_LAKE_SCHEMA)
 
 

@@ -1,9 +1,10 @@
 -- view: lake_accounting
 -- Per raw partition: the refiner's accounting (input = refined + deduplicated + quarantined)
 -- checked against what actually landed: refined rows in `samples` (by lineage) and samples
--- quarantined in `deadletter` (records of telemetry.raw). A record the refiner accounted for
--- twice (replay after a crash) counts once: the last accounting row per raw position wins.
--- ok is true when every identity holds.
+-- quarantined in `deadletter` (records of the samples topics: telemetry.raw and the ingest
+-- topics, whose rows a raw partition number sums over). The lander lands one accounting row
+-- per raw position; one landed twice anyway (an older lake) counts once: the last accounting
+-- row per raw topic and position wins. ok is true when every identity holds.
 CREATE OR REPLACE VIEW lake_accounting AS
 WITH acc AS (
     -- samples topics only (events/collectives have no sample lineage); a 'replay' row (the
@@ -12,7 +13,8 @@ WITH acc AS (
     FROM refine_accounting
     WHERE coalesce(raw_topic, 'telemetry.raw') NOT SIMILAR TO '.*(events|collectives).*'
     QUALIFY row_number() OVER (
-        PARTITION BY raw_partition, raw_offset ORDER BY (outcome = 'replay'), ts DESC
+        PARTITION BY coalesce(raw_topic, 'telemetry.raw'), raw_partition, raw_offset
+        ORDER BY (outcome = 'replay'), ts DESC
     ) = 1
 ),
 acc_p AS (
@@ -37,7 +39,7 @@ landed AS (
 dead AS (
     SELECT partition AS raw_partition, sum(samples) AS deadletter_samples
     FROM deadletter
-    WHERE topic = 'telemetry.raw' OR topic LIKE '%.raw'
+    WHERE topic NOT SIMILAR TO '.*(events|collectives).*'
     GROUP BY partition
 )
 SELECT
