@@ -19,10 +19,9 @@ Bounds, per source key: at most ``2 * window - 1`` positions; runs only for the 
 seen seqs, at most ``max_runs`` of them. A source whose seqs leave more gaps than that (lost
 batches that never come) has its oldest gap filled, as if those seqs had been seen: a first
 delivery of one of them after that is counted a duplicate. Every seq so given up is counted
-in :attr:`SeqWindow.forgotten` (kept with the state and reported by the worker), never
-silently. At a few hundred bytes a gap, the default 4096 gaps is ~0.2 MB a source at most;
-a gap is a batch its exporter never delivered, which the raw topic's retention would lose
-anyway long before thousands of them pile up in one source.
+in :attr:`SeqWindow.forgotten` (kept with the state; the worker reports the sum as
+``worker.seq_gaps_forgotten``), never silently. At about 50 bytes a gap in a checkpoint, the
+default 4096 gaps is ~0.2 MB a source at most; a gap is a batch its exporter never delivered.
 
 **Overlapping sources.** The same series ``(node, device, metric)`` and the same ``ts_ns``
 from two sources: the first seen wins, the later copy is counted as a duplicate.
@@ -40,7 +39,7 @@ from __future__ import annotations
 from bisect import bisect_right
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, ClassVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -75,6 +74,8 @@ class SeqWindow:
     hi: list[int] = field(default_factory=list)
     max_runs: int = 4096
     forgotten: int = 0  # seqs never seen but given up as seen when gaps exceeded max_runs
+    # ``forgotten`` summed over every window of the process, for the worker's telemetry
+    forgotten_total: ClassVar[int] = 0
     # :meth:`packed`'s cache: entries come at the dict's end and leave from its front, so a
     # checkpoint packs only the new ones
     _pack: PackedRows = field(
@@ -134,7 +135,9 @@ class SeqWindow:
             lo.insert(i, seq)
             hi.insert(i, seq)
             while len(lo) > self.max_runs:  # fill the oldest gap: counted, never silent
-                self.forgotten += lo[1] - hi[0] - 1
+                gap = lo[1] - hi[0] - 1
+                self.forgotten += gap
+                SeqWindow.forgotten_total += gap
                 hi[0] = hi[1]
                 del lo[1], hi[1]
 

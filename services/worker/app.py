@@ -43,6 +43,7 @@ from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME
 from faust.types import TP
 from mode import CrashingSupervisor
 
+from pipelines.dedupe import SeqWindow
 from pipelines.enrich import TopologyIndex
 from pipelines.refine import RefineSettings
 from schemas.catalog import Catalog, default_catalog
@@ -580,6 +581,7 @@ def build_app(
             await reread(tp)
         telemetry.gauge("worker.groups", progress.groups)
         telemetry.gauge("worker.lag", commits.lag)
+        telemetry.gauge("worker.seq_gaps_forgotten", SeqWindow.forgotten_total)
         telemetry.gauge("worker.healthy", 1.0 if progress.healthy(cfg.stall_after_s) else 0.0)
         if stalled > 2 * cfg.stall_after_s:
             raise RuntimeError(
