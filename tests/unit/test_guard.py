@@ -10,6 +10,8 @@ from collections import deque
 
 import pyarrow as pa
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pipelines.clock import ClockEstimator
 from schemas.codec import ARROW, encode
@@ -45,8 +47,6 @@ def _values(msgs: list[OutMessage], topic: str) -> list[bytes]:
     return [bytes(m.value) for m in msgs if m.topic == topic]
 
 
-
-
 def test_a_record_whose_refining_raises_fails_alone_and_leaves_no_trace() -> None:
     good = [_rec(1, 10), _rec(3, 12), _rec(4, 13, exporter="gpu"), _rec(5, 14)]
     bad = _rec(2, 11, exporter="bmc", clock=POISON)
@@ -57,8 +57,11 @@ def test_a_record_whose_refining_raises_fails_alone_and_leaves_no_trace() -> Non
     assert dl["reason"] == "refine_failed" and dl["detail"].startswith("OverflowError")
     assert (dl["partition"], dl["offset"], dl["scope"], dl["samples"]) == (0, 11, "record", 1)
     (acc,) = [json.loads(m.value) for m in outs[1].messages if m.topic == "telemetry.accounting"]
-    assert (acc["outcome"], acc["reason"], acc["input_samples"]) == ("deadletter",
-                                                                     "refine_failed", 1)
+    assert (acc["outcome"], acc["reason"], acc["input_samples"]) == (
+        "deadletter",
+        "refine_failed",
+        1,
+    )
     assert acc["quarantined_samples"] == 1 and outs[1].stream == "n1|bmc|0"
     # the good records come out, and the state is left, as if the bad one never came
     clean = _refiner()
@@ -166,3 +169,39 @@ def test_an_envelope_integer_past_int64_is_dead_lettered_as_value_out_of_range(
     body = _ipc(sample_table(NOW, 3), {ENVELOPE_KEY: json.dumps(env).encode()})
     out = _refiner().process(dataclasses.replace(rec, value=body), NOW)
     assert out.reasons == {"value_out_of_range": 1}
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    st.lists(st.sampled_from(["node", "gpu", "nic"]), min_size=1, max_size=12),
+    st.lists(st.integers(0, 12), max_size=4),
+    st.lists(st.integers(1, 6), min_size=1, max_size=6),
+)
+def test_property_poison_anywhere_in_any_grouping_fails_alone(
+    exporters: list[str], poison_at: list[int], chunks: list[int]
+) -> None:
+    """Good records of three sources with poisoned ones anywhere among them, refined in any
+    grouping: exactly the poisoned ones are dead-lettered, and the rows and state are those of
+    the good records refined alone."""
+    seqs: dict[str, int] = {}
+    good = []
+    for k, exp in enumerate(exporters):
+        seqs[exp] = seqs.get(exp, 0) + 1
+        good.append(_rec(seqs[exp], 100 + k, rows=3, exporter=exp))
+    recs = list(good)
+    for j, at in enumerate(sorted(poison_at, reverse=True)):
+        recs.insert(min(at, len(recs)), _rec(50 + j, 900 + j, exporter="bmc", clock=POISON))
+    r = _refiner()
+    outs: list[Outcome] = []
+    i = 0
+    while i < len(recs):
+        n = chunks[len(outs) % len(chunks)]
+        outs += r.process_group(recs[i : i + n], NOW + 60 * S)
+        i += n
+    bad = {o.reasons.get("refine_failed", 0) for o in outs if o.outcome == "deadletter"}
+    assert [o.outcome == "deadletter" for o in outs] == [x.offset >= 900 for x in recs]
+    assert bad <= {1}
+    clean = _refiner()
+    want = clean.process_group(good, NOW + 60 * S)
+    assert _rows(outs).equals(_rows(want))
+    assert _state(r) == _state(clean)
