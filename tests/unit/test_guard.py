@@ -136,8 +136,11 @@ def test_clone_shares_nothing_mutable_with_the_clock_estimator() -> None:
     immutable = (int, float, str, bytes, tuple, type(None), frozenset)
     for f in dataclasses.fields(c):
         v = getattr(c, f.name)
-        assert (dataclasses.is_dataclass(v) and v.__dataclass_params__.frozen) \
-            or isinstance(v, immutable + CLONED), (f.name, type(v))  # fmt: skip
+        params = getattr(v, "__dataclass_params__", None)  # a dataclass's: frozen or not
+        assert (params is not None and params.frozen) or isinstance(v, immutable + CLONED), (
+            f.name,
+            type(v),
+        )
     copy = clone(c)
     for f in dataclasses.fields(c):
         v = getattr(c, f.name)
@@ -162,9 +165,7 @@ def test_an_envelope_integer_past_int64_is_dead_lettered_as_value_out_of_range(
     from services.simulate.malformed import _ipc, sample_table
 
     rec = _rec(1, 10)
-    env = json.loads(
-        pa.ipc.open_stream(rec.value).schema.metadata[ENVELOPE_KEY]  # type: ignore[index]
-    )
+    env = json.loads(pa.ipc.open_stream(rec.value).schema.metadata[ENVELOPE_KEY])
     env[field] = 2**63
     body = _ipc(sample_table(NOW, 3), {ENVELOPE_KEY: json.dumps(env).encode()})
     out = _refiner().process(dataclasses.replace(rec, value=body), NOW)
