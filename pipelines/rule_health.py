@@ -5,25 +5,26 @@ batches are summarized with one ``group_by`` per refined table (per source and `
 count, sum, min, max of the values, max aligned ts, raw partition and offset), so the
 per-batch Python is per source, never per sample.
 
-Silence is judged on the pipeline's own progress, in the broker's time: per raw partition,
-:class:`PartitionProgress` holds the broker append time of the raw records the refiner has
-accounted for (``telemetry.accounting``, :meth:`RuleEngine.on_progress`) and how far the
-refined rows read have come, per refined partition they are read from (its lane: the refined
-topic's partitioner need not be the exporters'). A source is silent when its raw partition has
-been refined and read through its lane more than ``intervals`` of its intervals of broker time
-past its own last record: other sources there were appended, refined and read meanwhile, and
-it was not. Neither the wall clock
-nor the source's own (possibly wrong) clock enters, so a refiner that is behind, restarting or
-catching up, or a partition read ahead of another, makes nobody silent. A partition with no
-record at all judges nobody (the freshness rule reports a pipeline gone quiet), and
-a node alone in its lane whose every exporter stops is not judged either. Without any
-accounting (an engine fed refined rows only) silence falls back to data time: the engine's
-``now`` against the source's newest aligned ts.
+Silence is judged on the pipeline's own progress, in the broker's time. Per raw partition,
+:class:`PartitionProgress` holds the broker append time of every raw record the refiner has
+accounted for (``telemetry.accounting``, :meth:`RuleEngine.on_progress`); per node,
+:class:`NodeProgress` how far its records are accounted for and how far its refined rows have
+been read (a node's rows come in raw order, whichever refined partition carries them). A
+source's partition has *reached* the newest accounted append time when every accounted record
+of its node has been read refined; otherwise the append time of its node's newest row read. A
+source is silent when that is more than ``intervals`` of its intervals past its own newest
+record: records were appended to its partition, refined and read meanwhile, none of them its
+own. Neither the wall clock nor any source's (possibly wrong) clock enters, so a refiner that
+is behind, restarting or catching up, a refined partition read ahead of another, or a clock
+that jumps, makes nobody silent. A partition with no record at all judges nobody (the
+freshness rule reports a pipeline gone quiet). Without any accounting (an engine fed refined
+rows only) silence falls back to data time: the engine's ``now`` against the source's newest
+aligned ts.
 """
 
 from __future__ import annotations
 
-from bisect import bisect_left, bisect_right
+from bisect import bisect_left
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -65,20 +66,24 @@ class SourceState:
     repeats: int = 0
     partition: int = -1  # raw partition of its records (-1: not known)
     offset: int = -1  # raw offset of its newest record
-    lane: int = -1  # the refined partition its rows are read from (-1: not known)
+
+
+@dataclass
+class NodeProgress:
+    """One node's raw records as far as the engine has read them."""
+
+    accounted: int = -1  # newest raw offset of its records with refined rows, accounted for
+    refined: int = -1  # newest raw offset of its refined rows read
 
 
 @dataclass
 class PartitionProgress:
     """One raw partition as far as the engine has read it: the broker append time of each raw
     record accounted for, as ``(offset, append_ns)`` runs (one entry per run of records with
-    one append time, at its last offset; at most ``cap`` entries, the oldest dropped), and per
-    lane (the refined partition rows are read from: a raw partition's nodes may be spread
-    over several, each read at its own pace) the newest raw offset of the rows read."""
+    one append time, at its last offset; at most ``cap`` entries, the oldest dropped)."""
 
     offsets: list[int] = field(default_factory=list)
     appends: list[int] = field(default_factory=list)
-    refined_upto: dict[int, int] = field(default_factory=dict)
     cap: int = 100_000
 
     def accounted(self, offset: int, append_ns: int) -> None:
@@ -95,15 +100,8 @@ class PartitionProgress:
         if len(self.offsets) > self.cap:
             del self.offsets[: self.cap // 2], self.appends[: self.cap // 2]
 
-    def refined(self, lane: int, offset: int) -> None:
-        self.refined_upto[lane] = max(self.refined_upto.get(lane, -1), offset)
-
-    def reached_ns(self, lane: int) -> int | None:
-        """Broker time up to which the partition's records are both accounted for and read
-        refined through ``lane``: the append time of the newest entry at or before the
-        newest raw offset read there."""
-        i = bisect_right(self.offsets, self.refined_upto.get(lane, -1)) - 1
-        return self.appends[i] if i >= 0 else None
+    def newest_ns(self) -> int | None:
+        return self.appends[-1] if self.appends else None
 
     def append_of(self, offset: int) -> int | None:
         """Append time of the record at ``offset`` (of an older one than those kept: the
@@ -173,13 +171,11 @@ def observe_sources(
     frozen: list[FrozenRule],
     book: AlertBook,
     now_ns: int,
-    progress: dict[int, PartitionProgress] | None = None,
-    lanes: dict[str, int] | None = None,
+    nodes: dict[str, NodeProgress] | None = None,
 ) -> list[Alert]:
     """Update per-source state from batch summaries; resolves silent alerts of sources that
-    speak again, fires/resolves frozen alerts. ``progress``: per raw partition, how far the
-    refined rows read have come (updated here); ``lanes``: node -> the refined partition its
-    rows are read from."""
+    speak again, fires/resolves frozen alerts. ``nodes``: how far each node's refined rows
+    read have come (updated here)."""
     out: list[Alert] = []
     for r in rows:
         src, ts = r["source"], int(r["ts_max"])
@@ -187,9 +183,9 @@ def observe_sources(
         part, off = r.get("raw_partition_max"), r.get("raw_offset_max")
         if part is not None and off is not None:
             st.partition, st.offset = int(part), max(st.offset, int(off))
-            st.lane = (lanes or {}).get(_entity_node(src), -1)
-            if progress is not None:
-                progress.setdefault(st.partition, PartitionProgress()).refined(st.lane, st.offset)
+            if nodes is not None:
+                np_ = nodes.setdefault(_entity_node(src), NodeProgress())
+                np_.refined = max(np_.refined, st.offset)
         for rule in silent:  # it spoke, whatever its clock says of the time
             a = book.resolve(rule.name, src, max(ts, st.last_ts), now_ns)
             if a is not None:
@@ -234,17 +230,24 @@ def _frozen(
 
 
 def _quiet(
-    st: SourceState, progress: dict[int, PartitionProgress], now_ns: int, accounted: bool
+    src: str,
+    st: SourceState,
+    progress: dict[int, PartitionProgress],
+    nodes: dict[str, NodeProgress],
+    now_ns: int,
 ) -> tuple[int, int] | None:
-    """(how long the source has been quiet, since when), on its partition's progress in
-    broker time; on data time when no accounting was ever read (``accounted`` false);
-    None: not judged now."""
-    if not accounted:
+    """(how long the source has been quiet, since when) on its partition's progress in broker
+    time (see the module); on data time when no accounting was ever read (``progress``
+    empty); None: not judged now."""
+    if not progress:
         return (now_ns - st.last_ts, st.last_ts) if st.last_ts else None
-    pp = progress.get(st.partition)
-    if pp is None or st.offset < 0:
+    pp, np_ = progress.get(st.partition), nodes.get(_entity_node(src))
+    if pp is None or np_ is None or st.offset < 0:
         return None
-    reached, last = pp.reached_ns(st.lane), pp.append_of(st.offset)
+    # every accounted record of its node read refined: the partition's newest, else its node's
+    whole = np_.refined >= np_.accounted
+    reached = pp.newest_ns() if whole else pp.append_of(np_.refined)
+    last = pp.append_of(st.offset)
     if reached is None or last is None:
         return None
     return reached - last, last
@@ -256,20 +259,20 @@ def tick_silent(
     book: AlertBook,
     now_ns: int,
     progress: dict[int, PartitionProgress] | None = None,
+    nodes: dict[str, NodeProgress] | None = None,
 ) -> list[Alert]:
     """Fire for sources quiet for ``intervals`` intervals: their raw partition was refined
-    that much broker time past their newest record (see the module)."""
+    and read that much broker time past their newest record (see the module)."""
     out: list[Alert] = []
     if not rules:
         return out
-    progress = progress or {}
-    accounted = any(pp.offsets for pp in progress.values())
+    progress = {p: pp for p, pp in (progress or {}).items() if pp.offsets}
     for src, st in sources.items():
         for rule in rules:
             interval = rule.interval_ns or st.interval_ns
             if not interval or book.is_firing(rule.name, src):
                 continue
-            q = _quiet(st, progress, now_ns, accounted)
+            q = _quiet(src, st, progress, nodes or {}, now_ns)
             if q is None:
                 continue
             quiet, since = q

@@ -8,8 +8,7 @@ What the Faust shim calls (all pure; time is always passed in, never read)::
     alerts = engine.on_events(events_table, now_ns, node=envelope_node)  # telemetry.events
     alerts = engine.on_clock([ClockStatus(...)], now_ns)   # per refiner clock estimate
     engine.on_deadletters(n, now_ns)                    # per dead-letter batch
-    engine.on_progress(partition, offset, append_ns)    # per raw record accounted for
-    engine.on_lane(node, refined_partition)             # where a node's refined rows come from
+    engine.on_progress(partition, offset, append_ns, node, rows)  # per raw record accounted
     alerts = engine.tick(now_ns)                        # every second or so
     table_value = engine.to_dict()                      # JSON-able, for a Faust table
 
@@ -55,6 +54,7 @@ from pipelines.rule_eval import (
 from pipelines.rule_health import (
     ClockStatus,
     DeadletterWindow,
+    NodeProgress,
     PartitionProgress,
     SourceState,
     eval_clock,
@@ -97,7 +97,7 @@ class RuleEngine:
         self.book = AlertBook()
         self.sources: dict[str, SourceState] = {}
         self.progress: dict[int, PartitionProgress] = {}  # per raw partition
-        self.lanes: dict[str, int] = {}  # node -> the refined partition its rows come from
+        self.nodes: dict[str, NodeProgress] = {}
         self.deadletters = DeadletterWindow()
         self.last_values: dict[str, dict[str, float]] = {}  # sample-borne events per rule
         self._fields: dict[str, str] = {}
@@ -151,8 +151,7 @@ class RuleEngine:
                 self._frozen,
                 self.book,
                 now_ns,
-                self.progress,
-                self.lanes,
+                self.nodes,
             )
         out += eval_freshness(refined, self._fresh, self.book, now_ns)
         return out
@@ -182,16 +181,22 @@ class RuleEngine:
         """State changes from per-source clock estimates."""
         return eval_clock(statuses, self._clock, self.book, now_ns)
 
-    def on_progress(self, partition: int, offset: int, append_ns: int) -> None:
+    def on_progress(
+        self,
+        partition: int,
+        offset: int,
+        append_ns: int,
+        node: str | None = None,
+        rows: bool = False,
+    ) -> None:
         """The refiner accounted for the raw record at ``(partition, offset)`` of the raw
-        topic, appended by the broker at ``append_ns``: silence is judged on this progress
-        (:mod:`pipelines.rule_health`). Records of a partition arrive in offset order."""
+        topic, appended by the broker at ``append_ns``, a batch of ``node`` that gave refined
+        rows when ``rows``: silence is judged on this progress (:mod:`pipelines.rule_health`).
+        Records of a partition arrive in offset order."""
         self.progress.setdefault(partition, PartitionProgress()).accounted(offset, append_ns)
-
-    def on_lane(self, node: str, lane: int) -> None:
-        """``node``'s refined rows are read from refined partition ``lane`` (before they are
-        evaluated): a raw partition's progress is judged per lane."""
-        self.lanes[node] = lane
+        if node is not None and rows:
+            np_ = self.nodes.setdefault(node, NodeProgress())
+            np_.accounted = max(np_.accounted, offset)
 
     def on_deadletters(self, count: int, now_ns: int) -> None:
         """Count ``count`` dead letters at ``now_ns``; the rate is judged by :meth:`tick`."""
@@ -201,7 +206,7 @@ class RuleEngine:
     def tick(self, now_ns: int) -> list[Alert]:
         """Time-driven changes at ``now_ns``: silent sources, dead-letter rate, expiry of
         per-occurrence event alerts."""
-        out = tick_silent(self.sources, self._silent, self.book, now_ns, self.progress)
+        out = tick_silent(self.sources, self._silent, self.book, now_ns, self.progress, self.nodes)
         out += eval_deadletters(self.deadletters, self._deadletter, self.book, now_ns)
         out += expire_events(self._events + self._metric_events, self.book, now_ns)
         return out

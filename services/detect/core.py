@@ -173,7 +173,10 @@ class DetectCore:
         append = doc.get("append_ms")
         at = now if append is None else int(append) * 1_000_000
         if append is not None and doc.get("raw_topic") == self.detector.engine.raw_topic:
-            self.detector.on_progress(int(doc["raw_partition"]), int(doc["raw_offset"]), at)
+            rows = doc.get("outcome") == "refined" and bool(doc.get("refined_samples"))
+            self.detector.on_progress(
+                int(doc["raw_partition"]), int(doc["raw_offset"]), at, doc.get("node"), rows
+            )
         if doc.get("outcome") == "deadletter" or doc.get("quarantined_samples"):
             n = 1 if doc.get("outcome") == "deadletter" else int(doc["quarantined_samples"])
             self.detector.on_deadletters(n, at)
@@ -188,7 +191,6 @@ class DetectCore:
         if table.num_rows == 0:
             return None
         newest = int(pc.max(table.column("ts")).as_py())
-        self.detector.engine.on_lane(str(table.column("node")[0].as_py()), partition)
         self._latest[partition] = max(self._latest.get(partition, newest), newest)
         raw_part, raw_off = table.column("raw_partition"), table.column("raw_offset")
         lo, hi = pc.min_max(raw_part).values()

@@ -125,9 +125,12 @@ class Detector:
     def on_deadletters(self, count: int, now_ns: int) -> None:
         self.engine.on_deadletters(count, now_ns)
 
-    def on_progress(self, partition: int, offset: int, append_ns: int) -> None:
-        """The refiner accounted for a raw record: silence is judged on this progress."""
-        self.engine.on_progress(partition, offset, append_ns)
+    def on_progress(
+        self, partition: int, offset: int, append_ns: int, node: str | None, rows: bool
+    ) -> None:
+        """The refiner accounted for a raw record (of ``node``, with refined ``rows``):
+        silence is judged on this progress."""
+        self.engine.on_progress(partition, offset, append_ns, node, rows)
 
     def tick(self, now_ns: int) -> Emitted:
         """Time-driven changes, judged on data time (the watermark), so that catching up on

@@ -64,32 +64,39 @@ def raw_records(rng: np.random.Generator) -> list[Raw]:
 
 
 def lane(node: str) -> int:
-    """The refined partition of a node's rows (3 of them; raw records use 2)."""
-    return (0, 1, 2, 2, 1, 0)[NODES.index(node)]
+    """The refined partition of a node's rows (3 of them; raw records use 2): n00 and n02
+    share both their raw and their refined partition, so do n03 and n05."""
+    return (0, 1, 0, 2, 1, 2)[NODES.index(node)]
 
 
 def processed_at(r: Raw) -> list[tuple[int, bool]]:
     """When the refiner handles ``r`` (true ns) and whether it publishes its rows then (a
     replay after the restart publishes nothing). Down from KILLED to RESTARTED; back, it
     replays the 3 s before the kill, then catches partition 0 up, then partition 1."""
-    t = r.append + 200 * 1_000_000
+    t = _round(r.append + 200 * 1_000_000, S)
     kill, back = T0 + KILLED * S, T0 + RESTARTED * S
     if t < kill:
         replay = t >= kill - 3 * S
         return [(t, True)] + ([(back + S // 2, False)] if replay else [])
     if r.append >= back + 15 * S:
         return [(t, True)]
-    if r.partition == 0:  # caught up within 10 s, in order
+    if r.partition == 0:  # caught up within 10 s, in order, 4 s of records a round
         share = (r.append - (kill - 3 * S)) / (back + 15 * S - kill)
-        return [(back + S + int(share * 9 * S), True)]
+        return [(_round(back + S + int(share * 9 * S), 4 * S), True)]
     share = (r.append - kill) / (back + 15 * S - kill)  # then partition 1, 10 s later
-    return [(back + 11 * S + int(share * 4 * S), True)]
+    return [(_round(back + 11 * S + int(share * 4 * S), 4 * S), True)]
+
+
+def _round(t: int, every: int) -> int:
+    """The end of the refiner's round (every ``every`` ns) that handles time ``t``: a round's
+    records are published together, a node's rows in one message."""
+    return -(-t // every) * every
 
 
 def detect_inputs(rng: np.random.Generator) -> list[tuple[int, str, int, int, bytes]]:
     """(read time, topic, partition, offset, value) of every refined and accounting record, as
     detect reads them: each topic partition in order, each with a lag of its own."""
-    streams: dict[tuple[str, int], list[tuple[int, bytes]]] = {}
+    streams: dict[tuple[str, int], list[tuple[int, bytes, str, int]]] = {}
     for r in raw_records(rng):
         for t, publish in processed_at(r):
             doc = {
@@ -100,12 +107,13 @@ def detect_inputs(rng: np.random.Generator) -> list[tuple[int, str, int, int, by
                 "outcome": "refined",
                 "append_ms": r.append // 1_000_000,
                 "input_samples": 1,
+                "refined_samples": 1,
                 "quarantined_samples": 0,
             }
             if not publish:
                 doc["outcome"] = "replay"
             streams.setdefault((TOPICS.accounting, r.partition), []).append(
-                (t, json.dumps(doc).encode())
+                (t, json.dumps(doc).encode(), "", r.offset)
             )
             if publish:
                 dev, metric, base = EXPORTERS[r.exporter]
@@ -124,14 +132,15 @@ def detect_inputs(rng: np.random.Generator) -> list[tuple[int, str, int, int, by
                 # rows reach detect through several refined partitions, read at paces of
                 # their own
                 streams.setdefault((TOPICS.refined, lane(r.node)), []).append(
-                    (t, bytes(ipc_stream(refined([row]))))
+                    (t, bytes(ipc_stream(refined([row]))), r.node, r.offset)
                 )
     out = []
     for (topic, part), recs in streams.items():
         lag, last = 0, 0
-        for off, (t, value) in enumerate(sorted(recs, key=lambda x: x[0])):
+        # a round's messages node by node (a refined message holds one node's rows)
+        for off, (t, value, _, _) in enumerate(sorted(recs, key=lambda x: x[:1] + x[2:])):
             lag = max(0, min(8 * S, lag + int(rng.normal(0, 0.5 * S))))
-            last = max(last, t + lag)
+            last = max(last + S // 20, t + lag)  # read one after the other
             out.append((last, topic, part, off, value))
     return sorted(out, key=lambda x: x[0])
 
