@@ -10,6 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from schemas.errors import ConfigError
 from services.heap import keep_heap
 from services.settings import RefinerySettings
 
@@ -30,6 +31,14 @@ def add_parser(sub: Any) -> None:
         help="partitions of telemetry.raw (default: read from the cluster)",
     )
     p.add_argument("--web-port", type=int, default=6066, help="/health and /metrics (0: off)")
+    p.add_argument(
+        "--ingest",
+        action="append",
+        default=[],
+        metavar="TOPIC=FORMAT",
+        help="also refine TOPIC, of a foreign FORMAT (e.g. a collectd_counters topic); the "
+        "ingest topics of deploy/topics.yaml are refined without it",
+    )
     p.add_argument("--data-dir", help="worker state directory (default $REFINERY_HOME/worker)")
     p.add_argument(
         "--clock-min-delay-ms",
@@ -100,25 +109,41 @@ def _partitions(conf: dict[str, Any], topic: str, default: int) -> int:
     return _shape(conf, topic, (default, 1))[0]
 
 
-def _ingest_topics(conf: dict[str, Any], prefix: str) -> tuple[tuple[str, str], ...]:
+def _ingest_topics(
+    conf: dict[str, Any], prefix: str, extra: list[str]
+) -> tuple[tuple[str, str], ...]:
     """(topic, format) of the ingest topics declared in deploy/topics.yaml (a foreign
     format) that exist on the cluster with as many partitions as the raw topic: the worker
-    refines them with it, its state co-partitioned."""
+    refines them with it, its state co-partitioned. ``extra``: ``TOPIC=FORMAT`` more, which
+    must exist so (ConfigError otherwise)."""
     from confluent_kafka.admin import AdminClient
 
+    from schemas.ingest import Format
     from services.topics import load_topic_specs
 
-    specs = [s for s in load_topic_specs(prefix=prefix) if s.format != "refinery"]
-    if not specs:
+    asked = {}
+    for item in extra:
+        topic, _, fmt = item.partition("=")
+        if not topic or fmt not in {f.value for f in Format} - {"refinery"}:
+            names = ", ".join(f.value for f in Format if f.value != "refinery")
+            raise ConfigError(f"--ingest {item!r}: expected TOPIC=FORMAT, FORMAT one of {names}")
+        asked[prefix + topic] = fmt
+    specs = {
+        s.name: s.format.value for s in load_topic_specs(prefix=prefix) if s.format != "refinery"
+    }
+    if not specs and not asked:
         return ()
     md = AdminClient({**conf, "log_level": 3}).list_topics(timeout=15)
     raw = md.topics.get(prefix + "telemetry.raw")
     want = len(raw.partitions) if raw is not None and raw.partitions else None
-    return tuple(
-        (s.name, s.format)
-        for s in specs
-        if s.name in md.topics and (want is None or len(md.topics[s.name].partitions) == want)
-    )
+
+    def fits(name: str) -> bool:
+        return name in md.topics and (want is None or len(md.topics[name].partitions) == want)
+
+    for name in asked:
+        if not fits(name):
+            raise ConfigError(f"--ingest {name}: no such topic with {want} partitions (as raw)")
+    return tuple((n, f) for n, f in {**specs, **asked}.items() if n in asked or fits(n))
 
 
 def _use_uvloop() -> None:
@@ -177,7 +202,7 @@ def run(args: argparse.Namespace, settings: RefinerySettings) -> int:
             )
         )
     )
-    inputs = replace(inputs, ingest=_ingest_topics(kafka.librdkafka(), pre))
+    inputs = replace(inputs, ingest=_ingest_topics(kafka.librdkafka(), pre, args.ingest))
     outputs = OutputTopics(
         *(
             pre + t
