@@ -71,7 +71,8 @@ class DetectConfig:
     group: str = "refinery-detect"  # the Faust app id, hence the consumer group
     lookback_s: float = 600.0
     idle_exit_s: float | None = None
-    web_port: int | None = None  # /health and /metrics on 127.0.0.1 (None: off)
+    web_port: int | None = None  # /health and /metrics on web_host (None: off)
+    web_host: str = "127.0.0.1"  # the bind address (a pod's IP where probes call it)
     data_dir: Path = Path(".refinery/detect")
     take_max: int = 500
     take_within_s: float = 0.2
@@ -124,8 +125,8 @@ def build_detect_app(
         stream_buffer_maxsize=1024,
         web_enabled=cfg.web_port is not None,
         web_port=cfg.web_port or 6067,
-        web_bind="127.0.0.1",
-        web_host="127.0.0.1",
+        web_bind=cfg.web_host,
+        web_host=cfg.web_host,
     )
     conf = kafka.librdkafka()
     core = DetectCore(topics, detector, telemetry)

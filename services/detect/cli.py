@@ -52,7 +52,10 @@ def add_parser(sub: Any) -> None:
         "--web-port",
         type=int,
         default=0,
-        help="faust engine: /health and /metrics on 127.0.0.1:PORT (default 0: off)",
+        help="faust engine: /health and /metrics on WEB_HOST:PORT (default 0: off)",
+    )
+    p.add_argument(
+        "--web-host", default="127.0.0.1", help="/health's bind address (default 127.0.0.1)"
     )
     p.add_argument(
         "--data-dir", help="faust engine state directory (default $REFINERY_HOME/detect)"
@@ -103,6 +106,7 @@ def _run_faust(
         lookback_s=args.lookback,
         idle_exit_s=args.idle_exit,
         web_port=args.web_port or None,
+        web_host=args.web_host,
         data_dir=Path(args.data_dir) if args.data_dir else settings.home / "detect",
     )
     app = build_detect_app(settings.kafka(), topics, detector, telemetry, cfg)

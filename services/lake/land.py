@@ -20,6 +20,7 @@ Test seam: ``crash_at`` ``after_rename`` / ``after_commit`` (plus the writer's
 
 from __future__ import annotations
 
+import logging
 import sys
 import time
 from collections.abc import Callable
@@ -35,6 +36,8 @@ from services.lake.compact import Compactor
 from services.lake.decode import rows_of
 from services.lake.lineage import IDENTITIES, LineageIndex
 from services.lake.writer import CrashSeam, LakeWriter
+
+log = logging.getLogger(__name__)
 
 TP = tuple[str, int]
 
@@ -101,6 +104,7 @@ class LandingService:
         self.log = log
         self.stats = LandingStats()
         self._pending: dict[TP, _Pending] = {}
+        self._last_error: tuple[str, float] = ("", 0.0)  # the last consumer error logged, when
         self._landed: dict[TP, int] = {}
         self._lineage: dict[TP, LineageIndex] = {}
         self._consumer: Any = None
@@ -137,6 +141,15 @@ class LandingService:
 
     # --- the loop -------------------------------------------------------------------------
 
+    def _consumer_error(self, msg: Any, err: Any) -> None:
+        """Log a non-fatal consumer error (not authorized on a topic, unknown topic, ...): a
+        dataset that stays empty says why. One line per distinct error a minute at most."""
+        text = f"{msg.topic() or 'consumer'}: {err.str()}"
+        now = time.monotonic()
+        if text != self._last_error[0] or now - self._last_error[1] >= 60.0:
+            log.warning("land: %s", text)
+            self._last_error = (text, now)
+
     def run(
         self,
         *,
@@ -164,6 +177,7 @@ class LandingService:
                     if err is not None:
                         if err.fatal():
                             raise KafkaException(err)
+                        self._consumer_error(msg, err)
                         continue
                     last_msg = now
                     self._accept(msg)

@@ -40,6 +40,7 @@ PRINCIPALS: tuple[str, ...] = (
     "admin",
     "refinery-exporter",
     "refinery-worker",
+    "refinery-detect",
     "refinery-alerts",
     "refinery-lake",
 )

@@ -39,6 +39,9 @@ def add_parser(sub: Any) -> None:
         help="also refine TOPIC, of a foreign FORMAT (e.g. a collectd_counters topic); the "
         "ingest topics of deploy/topics.yaml are refined without it",
     )
+    p.add_argument(
+        "--web-host", default="127.0.0.1", help="/health's bind address (default 127.0.0.1)"
+    )
     p.add_argument("--data-dir", help="worker state directory (default $REFINERY_HOME/worker)")
     p.add_argument(
         "--clock-min-delay-ms",
@@ -226,6 +229,7 @@ def run(args: argparse.Namespace, settings: RefinerySettings) -> int:
         record_partitions=_partitions(conf, inputs.events, 4),
         data_dir=Path(args.data_dir) if args.data_dir else settings.home / "worker",
         web_port=args.web_port or None,
+        web_host=args.web_host,
         take_within_s=args.take_within_ms / 1000,
         checkpoint_every_s=args.checkpoint_ms / 1000,
         refine=RefineSettings(

@@ -221,14 +221,39 @@ def test_authentication_is_required(secure: Secure) -> None:
     assert denied[0] is not None and denied[0].code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
 
 
+def test_a_refusing_cluster_is_one_line_naming_the_address_and_the_cause(secure: Secure) -> None:
+    """Wrong password, an untrusted certificate, a missing ACL: one line, exit 1, no
+    traceback, none of librdkafka's own lines."""
+    env = secure.env("refinery-exporter")
+    cases = {
+        "password": ({**env, "REFINERY_SASL_PASSWORD": "not-the-password"}, "Authentication"),
+        "tls": ({**env, "REFINERY_SSL_CA_LOCATION": "/etc/ssl/certs/ca-certificates.crt"}, "SSL"),
+    }
+    for name, (e, cause) in cases.items():
+        out = cli("topics", "apply", env=e, timeout=60)
+        lines = out.stderr.strip().splitlines()
+        assert out.returncode == 1 and len(lines) == 1, (name, out.stderr[-2000:])
+        assert lines[0].startswith(f"refinery: cannot use Kafka at {secure.bootstrap}: "), lines
+        assert cause in lines[0], (name, lines)
+        secure.outputs += [out.stdout, out.stderr]
+    # authenticated, but no ACL for what it asks: the cluster's answer, in one line
+    denied = cli("acls", "apply", env=secure.env("refinery-worker"), timeout=60)
+    lines = denied.stderr.strip().splitlines()
+    assert denied.returncode == 1 and len(lines) == 1 and "Traceback" not in denied.stderr
+    assert "ACL" in lines[0] or "uthoriz" in lines[0], lines
+    secure.outputs += [denied.stdout, denied.stderr]
+
+
 def _watermarks(conf: dict[str, Any], topic: str, deadline_s: float = 60.0) -> int:
     """Records in ``topic`` (sum of high - low watermarks over its partitions)."""
     return sum(hi - lo for lo, hi in watermarks(conf, topic, deadline_s).values())
 
 
 def test_pipeline_runs_under_its_own_principals(secure: Secure, tmp_path: Path) -> None:
-    """simulator (exporter) → worker (Faust, aiokafka SCRAM-SHA-512 over TLS) → lander, each
-    with only the ACLs of deploy/acls.yaml."""
+    """node exporter (exporter) and the simulator → worker (Faust, aiokafka SCRAM-SHA-512 over
+    TLS) → detect → lander, each with only the ACLs of deploy/acls.yaml. The simulator plays
+    the whole cluster, its scheduler too (it publishes job placement, an admin's right: the
+    exporter may not), so it runs as admin; the node exporter runs as the exporter."""
     admin = secure.conf("admin")
     raw_before = _watermarks(admin, "telemetry.raw")
     log = tmp_path / "worker.log"
@@ -266,12 +291,18 @@ def test_pipeline_runs_under_its_own_principals(secure: Secure, tmp_path: Path) 
     # hung for 30 s) is started again, at most three times here
     worker, restarts = start_worker(), 0
     try:
+        node = cli(
+            *("export", "node", "--once", "--no-gpu", "--no-clock", "--node", "node-exp"),
+            env=secure.env("refinery-exporter"),
+        )
+        assert node.returncode == 0, node.stderr[-2000:]
         sim = cli(
             *("simulate", "--nodes", "2", "--duration", "4", "--speed", "0", "--seed", "3"),
             "--json",
-            env=secure.env("refinery-exporter"),
+            env=secure.env("admin"),
         )
         assert sim.returncode == 0, sim.stderr[-2000:]
+        raw_before += 1  # the node exporter's batch
         raw_msgs = json.loads(sim.stdout)["messages_acked"]
         deadline = time.monotonic() + 180  # room for restarts of the worker
         refined = 0
@@ -306,6 +337,14 @@ def test_pipeline_runs_under_its_own_principals(secure: Secure, tmp_path: Path) 
             log.read_text(errors="replace")[-2500:],
         )
         assert refined > 0
+        detect = cli(
+            *("detect", "--idle-exit", "8", "--data-dir", str(tmp_path / "d"), "--loglevel"),
+            "info",
+            env={**secure.env("refinery-detect"), "REFINERY_HOME": str(tmp_path)},
+        )
+        assert detect.returncode == 0, detect.stderr[-2500:]
+        assert "authorization" not in detect.stderr.lower(), detect.stderr[-2500:]
+        assert _watermarks(admin, "telemetry.rollups") > 0
         lake = tmp_path / "lake"
         land = cli(
             *("land", "--topics", "telemetry.refined", "--once-idle", "3", "--no-compact"),
@@ -315,7 +354,8 @@ def test_pipeline_runs_under_its_own_principals(secure: Secure, tmp_path: Path) 
         stats = json.loads(land.stderr.strip().splitlines()[-1])
         assert stats["records"] == refined and stats["rows"] > 0
         assert list(lake.rglob("*.parquet"))
-        secure.outputs += [sim.stdout, sim.stderr, land.stdout, land.stderr]
+        secure.outputs += [sim.stdout, sim.stderr, land.stdout, land.stderr, detect.stderr]
+        secure.outputs += [node.stdout, node.stderr]
     finally:
         worker.send_signal(signal.SIGTERM)
         worker.wait(60)
