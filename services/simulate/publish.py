@@ -22,7 +22,9 @@ the node's simulated clock, with the broker's append time. Each node keeps its o
 oscillator without the steps, so a step drops its exchanges as a real exporter's would), and
 its batches carry them in their clock block, as :meth:`BatchProducer.send` does for the
 exporters. At other speeds the simulated clocks bear no relation to the broker's: no
-exchanges are carried.
+exchanges are carried, except for a backlog stamped with its simulated arrival (``stamp_due``,
+CreateTime topics), whose record timestamps are the simulated broker clock: its exchanges are
+read off the simulated timeline (:meth:`_Publisher.timeline`) into the same logs.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import math
 import sys
 import time
 import uuid
+import zlib
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -117,6 +120,7 @@ class _Publisher:
         extra_conf: dict[str, Any] | None,
         stamp_due: bool = False,
         sim: Simulation | None = None,
+        partitions: dict[str, int] | None = None,
     ) -> None:
         self.topics, self.truth, self.p = topics, truth, Progress()
         self.stamp_due = stamp_due
@@ -128,6 +132,10 @@ class _Publisher:
         self.nodes = {n: i for i, n in enumerate(sim.cluster.node_names)} if sim else {}
         self.logs: dict[tuple[int, Stream], ExchangeLog] = {}
         self.sources: dict[int, tuple[int, Stream]] = {}
+        # a backlog stamped with its simulated arrival: each node's exchanges not acknowledged
+        # yet on the simulated timeline, and the partition count of each topic
+        self.queued: dict[tuple[int, Stream], list[Exchange]] = {}
+        self.partitions = partitions if stamp_due and sim is not None else None
 
         def prod(topic: str) -> BatchProducer:
             return BatchProducer(
@@ -144,7 +152,12 @@ class _Publisher:
     def exchanged(self, tag: str, ex: Exchange, mono_sent: int, mono_ack: int) -> None:
         """A report of a node's batch: an exchange of that node's exporter, on its clock."""
         src = self.sources.get(int(tag)) if tag.isdigit() else None
-        if src is None or self.sim is None:
+        if src is not None and self.partitions is None:  # else: read off the timeline
+            self._log(src, ex)
+
+    def _log(self, src: tuple[int, Stream], ex: Exchange) -> None:
+        """Keep exchange ``ex`` (wall = true clock) in node ``src``'s log, on its clock."""
+        if self.sim is None:
             return
         clocks, i = self.sim.clocks, src[0]
         node_ex = Exchange(
@@ -166,6 +179,8 @@ class _Publisher:
         if msg.kind not in (SendKind.BATCH, SendKind.LATE):
             return  # a resend is the same bytes; a malformed record has no clock to bound
         self.sources[self.msg_no] = (i, msg.stream)
+        if self.partitions is not None:
+            self.timeline(msg, (i, msg.stream))
         log = self.logs.get((i, msg.stream))
         if log is None:
             return
@@ -178,6 +193,34 @@ class _Publisher:
         clock = clock.model_copy(update={"exchanges": [tuple(e.as_list()) for e in carried]})
         msg.envelope = env.model_copy(update={"clock": clock})
         msg.body = None
+
+    def timeline(self, msg: Message, src: tuple[int, Stream]) -> None:
+        """A backlog stamped with its simulated arrival: ``msg``'s exchange is read off the
+        simulated timeline, not a delivery report (sent when it was, appended when it is due
+        on the broker's clock, the true one, acknowledged as long after, at least 1 ms; on the
+        partition the default partitioner gives its key), and the node's exchanges
+        acknowledged before ``msg`` is sent join its log. A source's first batch finds the
+        exchange of the batch it sent one interval earlier: the backlog is the tail of
+        exporters that ran before it, as a real one is."""
+        assert self.sim is not None
+        queue = self.queued.get(src)
+        if queue is None:
+            queue = [self._exchange_of(msg, -self.sim.interval_ns)]
+        later = []
+        for ex in queue:
+            if ex.ack_ns <= msg.sent_true_ns:
+                self._log(src, ex)
+            else:
+                later.append(ex)
+        self.queued[src] = [*later, self._exchange_of(msg, 0)]
+
+    def _exchange_of(self, msg: Message, shift_ns: int) -> Exchange:
+        """``msg``'s exchange on the true clock, ``shift_ns`` later (librdkafka's default
+        partitioner, consistent_random: CRC-32 of the key modulo the partition count)."""
+        n = (self.partitions or {}).get(self.topics.of(msg.stream), 0)
+        part = zlib.crc32(msg.key) % n if n else -1
+        sent, due = msg.sent_true_ns + shift_ns, msg.due_ns + shift_ns
+        return Exchange(sent, due // 1_000_000, due + max(due - sent, 1_000_000), part)
 
     def wait(self, seconds: float) -> None:
         """Sleep ``seconds``, serving delivery reports as they arrive (their ack times)."""
@@ -242,6 +285,15 @@ def _node_offset(clocks: NodeClocks, i: int, true_ns: int, steps: bool = True) -
     return off
 
 
+def _partition_counts(kafka: KafkaSettings, topics: Topics) -> dict[str, int]:
+    """The partition count of each stream's topic (those that exist)."""
+    from confluent_kafka.admin import AdminClient
+
+    md = AdminClient({**kafka.librdkafka(), "log_level": 3}).list_topics(timeout=30)
+    names = (topics.raw, topics.events, topics.collectives)
+    return {t: len(md.topics[t].partitions) for t in names if t in md.topics}
+
+
 def _send_json(prod: BatchProducer, items: list[tuple[str, str]]) -> None:
     for key, doc in items:
         prod.send_encoded(key.encode(), doc.encode(), (("content-type", JSON.encode()),), key)
@@ -278,7 +330,8 @@ def publish(
     (for topics with CreateTime). A backlog published at ``speed=0`` then carries the arrival
     times it would have had, as a real backlog in LogAppendTime topics does; otherwise every
     record of it looks appended at once and the sources' clocks look ahead by up to the
-    simulated duration.
+    simulated duration. Its batches carry the exchanges of that timeline (as at speed 1), so
+    a worker bounds their clocks as it does on live data.
 
     ``hold_s``: a loaded exporter host (paced runs): each message is handed to the producer
     ``hold_s(seconds since the start)`` after it is due, its stamps left as they were."""
@@ -292,7 +345,9 @@ def publish(
     truth = TruthWriter(truth_path) if truth_path is not None else None
     # producers first (they fetch their idempotent producer ids meanwhile), then the topology,
     # and only then the true clock starts, so the first batches are not late by the set-up time
-    pub = _Publisher(kafka_settings, topics, truth, conf, stamp_due, sim if speed == 1 else None)
+    timeline = sim if speed == 1 or stamp_due else None
+    parts = _partition_counts(kafka_settings, topics) if stamp_due else None
+    pub = _Publisher(kafka_settings, topics, truth, conf, stamp_due, timeline, parts)
     jobs_prod = BatchProducer(kafka_settings, topic=topics.jobs)
     publish_topology(sim, kafka_settings, topics.topology)
     if sim.start_ns is None:
