@@ -253,3 +253,24 @@ def test_otlp_json_decodes_like_protobuf() -> None:
     a = DEC.decode("otlp", pb, None, Position(0, 1, NOW, None))
     b = DEC.decode("otlp", js, "application/json", Position(0, 1, NOW, None))
     assert a.table.equals(b.table) and a.envelope == b.envelope
+
+
+def test_every_bench_adapter_message_refines_whole() -> None:
+    """The ingest bench measures what the worker does with mapped data: each adapter's
+    messages refine entirely (no sample dead-lettered), counters with deltas after the first."""
+    from pipelines.enrich import TopologyIndex
+    from schemas.catalog import default_catalog
+    from services.bench.ingest import SECOND, adapters, decode_rate
+    from services.worker.refiner import OutputTopics, RawRecord, Refiner
+
+    for a in adapters():
+        assert decode_rate(a, 0.01) > 0
+        start = NOW - 10 * SECOND
+        topo = TopologyIndex([], [])
+        refiner = Refiner(default_catalog(), OutputTopics(), lambda t=topo: t, lambda _: None,
+                          lambda _: None, ingest=IngestDecoder({"t": a.format}))  # fmt: skip
+        recs = [RawRecord("t", 0, i, b"b1", a.message(i, start + i * SECOND), [],
+                          (start + i * SECOND) // 1_000_000) for i in range(3)]  # fmt: skip
+        outs = refiner.process_group(recs, NOW)
+        assert [o.outcome for o in outs] == ["refined"] * 3, a.name
+        assert all(o.refined == o.input_samples == a.samples for o in outs), a.name

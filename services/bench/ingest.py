@@ -1,0 +1,158 @@
+"""Decode and refine rates of each ingest adapter, in-process, per CPU-second.
+
+    python -m services.bench.ingest [--seconds 2]
+
+For each foreign format a representative message (a node's worth of CPU and network
+series; dcgm-like exposition; one collectd value list per message as write_kafka sends) is
+decoded over and over (``decode``: :class:`schemas.ingest.IngestDecoder` alone), then a
+stream of such messages, each a second later, goes through :class:`Refiner` as the worker
+runs it (``refine``: decode, validate, dedupe, counters, clock, enrich, outputs), in groups
+of ``GROUP`` records. Rates are samples per CPU-second of this process (``process_time``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
+from opentelemetry.proto.metrics.v1 import metrics_pb2
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.resources import Resource
+
+from pipelines.enrich import TopologyIndex
+from schemas.catalog import default_catalog
+from schemas.ingest import IngestDecoder, Position
+from services.bench.instructions import GROUP
+from services.worker.refiner import OutputTopics, RawRecord, Refiner
+
+SECOND = 1_000_000_000
+CPUS, STATES = 64, ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
+NETS = 8
+
+
+@dataclass(frozen=True)
+class Adapter:
+    name: str
+    format: str
+    samples: int  # per message
+    message: Callable[[int, int], bytes]  # (index, ts_ns) -> body
+
+
+def _prom(i: int, ts: int) -> bytes:
+    ms = ts // 1_000_000
+    lines = [f'node_cpu_seconds_total{{cpu="{c}",mode="{m}"}} {1000 + i + c / 100:.2f} {ms}'
+             for c in range(CPUS) for m in STATES]  # fmt: skip
+    lines += [f'node_network_receive_bytes_total{{device="eth{d}"}} {10**9 + i * 4096} {ms}'
+              for d in range(NETS)]  # fmt: skip
+    return ("\n".join(lines) + "\n").encode()
+
+
+def _influx(i: int, ts: int) -> bytes:
+    fields = ",".join(f"time_{m}={1000 + i}.25" for m in STATES)
+    lines = [f"cpu,cpu=cpu{c},host=b1 {fields} {ts}" for c in range(CPUS)]
+    lines += [f"net,interface=eth{d},host=b1 bytes_recv={10**9 + i * 4096}i,"
+              f"bytes_sent={10**9 + i * 2048}i {ts}" for d in range(NETS)]  # fmt: skip
+    return "\n".join(lines).encode()
+
+
+def _influx_one(i: int, ts: int) -> bytes:
+    fields = ",".join(f"time_{m}={1000 + i}.25" for m in STATES)
+    return f"cpu,cpu=cpu{i % CPUS},host=b1 {fields} {ts}".encode()
+
+
+def _collectd_one(i: int, ts: int) -> bytes:
+    vl = {"values": [10**9 + i * 4096, 10**9 + i * 2048], "dstypes": ["derive", "derive"],
+          "dsnames": ["rx", "tx"], "time": ts / 1e9, "interval": 1.0, "host": "b1",
+          "plugin": "interface", "plugin_instance": f"eth{i % NETS}", "type": "if_octets",
+          "type_instance": ""}  # fmt: skip
+    return json.dumps([vl]).encode()
+
+
+def _otlp_template() -> metrics_pb2.MetricsData:
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(resource=Resource.create({"host.name": "b1"}), metric_readers=[reader])
+    cpu = provider.get_meter("bench").create_counter("system.cpu.time", unit="s")
+    otel = {"iowait": "wait", "irq": "interrupt"}  # OTel's names of the states
+    for c in range(CPUS):
+        for m in STATES:
+            cpu.add(1.5, {"cpu": f"cpu{c}", "state": otel.get(m, m)})
+    data = reader.get_metrics_data()
+    assert data is not None
+    provider.shutdown()
+    out: metrics_pb2.MetricsData = metrics_pb2.MetricsData.FromString(
+        encode_metrics(data).SerializeToString()
+    )
+    return out
+
+
+def _otlp(template: metrics_pb2.MetricsData) -> Callable[[int, int], bytes]:
+    def message(i: int, ts: int) -> bytes:
+        data = metrics_pb2.MetricsData()
+        data.CopyFrom(template)
+        for p in data.resource_metrics[0].scope_metrics[0].metrics[0].sum.data_points:
+            p.time_unix_nano = ts
+            p.as_double = p.as_double + i
+        body: bytes = data.SerializeToString()
+        return body
+
+    return message
+
+
+def adapters() -> list[Adapter]:
+    return [
+        Adapter("prometheus", "prometheus", CPUS * len(STATES) + NETS, _prom),
+        Adapter("influx", "influx", CPUS * len(STATES) + 2 * NETS, _influx),
+        Adapter("influx_one_line", "influx", len(STATES), _influx_one),
+        Adapter("collectd_one_value_list", "collectd_counters", 2, _collectd_one),
+        Adapter("otlp_proto", "otlp", CPUS * len(STATES), _otlp(_otlp_template())),
+    ]
+
+
+def decode_rate(a: Adapter, seconds: float) -> float:
+    dec = IngestDecoder({"t": a.format})
+    body, now = a.message(0, time.time_ns()), time.time_ns()
+    n, t0 = 0, time.process_time()
+    while time.process_time() - t0 < seconds:
+        for k in range(20):
+            dec.decode("t", body, None, Position(0, n + k, now, b"b1"))
+        n += 20
+    return n * a.samples / (time.process_time() - t0)
+
+
+def refine_rate(a: Adapter, messages: int) -> float:
+    start = time.time_ns() - (messages + 5) * SECOND
+    recs = [RawRecord("t", 0, i, b"b1", a.message(i, start + i * SECOND), [],
+                      (start + i * SECOND) // 1_000_000 + 2) for i in range(messages)]  # fmt: skip
+    topo = TopologyIndex([], [])
+    refiner = Refiner(default_catalog(), OutputTopics(), lambda: topo, lambda _: None,
+                      lambda _: None, ingest=IngestDecoder({"t": a.format}))  # fmt: skip
+    half = messages // 2
+    now = time.time_ns()
+    for i in range(0, half, GROUP):  # first sight of every series: warm
+        refiner.process_group(recs[i : min(i + GROUP, half)], now)
+    t0 = time.process_time()
+    for i in range(half, messages, GROUP):
+        refiner.process_group(recs[i : i + GROUP], now)
+    return (messages - half) * a.samples / (time.process_time() - t0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--seconds", type=float, default=2.0, help="CPU seconds per decode rate")
+    p.add_argument("--messages", type=int, default=400, help="messages per refine rate")
+    args = p.parse_args(argv)
+    print(f"{'adapter':<26}{'samples/msg':>12}{'decode M/CPU-s':>16}{'refine M/CPU-s':>16}")
+    for a in adapters():
+        d = decode_rate(a, args.seconds)
+        r = refine_rate(a, args.messages if a.samples > 64 else args.messages * 10)
+        print(f"{a.name:<26}{a.samples:>12}{d / 1e6:>16.3f}{r / 1e6:>16.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
