@@ -103,10 +103,11 @@ class DetectCore:
         self.topics = topics
         self.detector = detector
         self.telemetry = telemetry
-        # (refined partition, raw partition) -> highest raw offset seen: a raw partition's
-        # nodes may be spread over several refined partitions (the exporters' partitioner
-        # need not be the refined topic's), each read at its own pace
-        self._raw_seen: dict[tuple[int, int], int] = {}
+        # (raw partition, node) -> highest raw offset seen: a node's rows come in raw order
+        # (the refiner sends one node's rows of a group as one message); the nodes of a raw
+        # partition interleave in it, and may be spread over several refined partitions read
+        # at paces of their own
+        self._raw_seen: dict[tuple[int, str], int] = {}
         self._next: dict[int, int] = {}  # refined partition -> next offset to read
         self._latest: dict[int, int] = {}  # refined partition -> newest aligned ts read
         self._topology_version = -1
@@ -193,20 +194,21 @@ class DetectCore:
         newest = int(pc.max(table.column("ts")).as_py())
         self._latest[partition] = max(self._latest.get(partition, newest), newest)
         raw_part, raw_off = table.column("raw_partition"), table.column("raw_offset")
+        node = str(table.column("node")[0].as_py())
         lo, hi = pc.min_max(raw_part).values()
         if lo.as_py() == hi.as_py():  # the usual case: a node's records share a raw partition
-            return self._unseen(table, (partition, int(lo.as_py())), raw_off)
+            return self._unseen(table, (int(lo.as_py()), node), raw_off)
         parts = []
         for p in pc.unique(raw_part).to_pylist():
             sub = table.filter(pc.equal(raw_part, p))
-            kept = self._unseen(sub, (partition, int(p)), sub.column("raw_offset"))
+            kept = self._unseen(sub, (int(p), node), sub.column("raw_offset"))
             if kept is not None:
                 parts.append(kept)
         return pa.concat_tables(parts) if parts else None
 
-    def _unseen(self, table: pa.Table, lane: tuple[int, int], raw_off: Any) -> pa.Table | None:
-        """The rows of ``table`` (all of one raw partition, read from one refined partition:
-        ``lane``) above the highest raw offset seen there; that high mark moves to the table's
+    def _unseen(self, table: pa.Table, lane: tuple[int, str], raw_off: Any) -> pa.Table | None:
+        """The rows of ``table`` (all of one node's records on one raw partition: ``lane``)
+        above the highest raw offset seen there; that high mark moves to the table's
         highest."""
         seen = self._raw_seen.get(lane, -1)
         lo, hi = (int(x.as_py()) for x in pc.min_max(raw_off).values())

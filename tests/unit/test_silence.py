@@ -194,24 +194,33 @@ def test_the_same_under_other_seeds_of_the_stream() -> None:
         assert [(a.rule, a.entity) for a in fired] == [("exporter_silent", STOPS[0])]
 
 
-def test_rows_of_one_raw_partition_read_through_two_refined_partitions_all_count() -> None:
-    """A refined partition read ahead of another does not make the other's rows replays; a
-    replay on the same refined partition still is one."""
+def test_rows_of_one_raw_partition_all_count_however_its_nodes_interleave() -> None:
+    """A refined partition read ahead of another, or one node's message of a refiner group
+    read before another's whose records interleave with it, does not make the other's rows
+    replays; a replay of a node's own message still is one."""
     core = DetectCore(TOPICS, Detector(default_catalog()), ServiceTelemetry("test"))
 
-    def rec(node: str, offset: int) -> bytes:
-        row = {
-            "node": node,
-            "device": "gpu0",
-            "metric": "gpu.temp",
-            "ts": T0 + offset * S,
-            "value": 60.0,
-            "raw_partition": 0,
-            "raw_offset": offset,
-        }
-        return bytes(ipc_stream(refined([row])))
+    def rec(node: str, *offsets: int) -> bytes:
+        rows = [
+            {
+                "node": node,
+                "device": "gpu0",
+                "metric": "gpu.temp",
+                "ts": T0 + o * S,
+                "value": 60.0,
+                "raw_partition": 0,
+                "raw_offset": o,
+            }
+            for o in offsets
+        ]
+        return bytes(ipc_stream(refined(rows)))
 
-    assert core._refined(1, 0, rec("n01", 10)) is not None  # lane 1 read ahead
-    assert core._refined(0, 0, rec("n00", 5)) is not None  # lane 0: older, not a replay
-    assert core._refined(0, 1, rec("n00", 5)) is None  # the refiner's replay of it
-    assert core._refined(0, 2, rec("n00", 7)) is not None
+    def kept(part: int, off: int, value: bytes) -> int:
+        t = core._refined(part, off, value)
+        return 0 if t is None else t.num_rows
+
+    assert kept(1, 0, rec("n01", 20, 24)) == 2  # refined partition 1 read ahead
+    assert kept(0, 0, rec("n00", 10, 14, 18)) == 3  # partition 0: older, not a replay
+    assert kept(0, 1, rec("n02", 11, 15, 19)) == 3  # interleaves with n00's: all new
+    assert kept(0, 2, rec("n00", 10, 14, 18)) == 0  # the refiner's replay of n00's
+    assert kept(0, 3, rec("n00", 14, 18, 22)) == 1  # a replay that goes on
