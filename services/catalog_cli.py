@@ -7,7 +7,8 @@ for ``--idle`` seconds), decodes each record as the worker would (the topic's fo
 ``deploy/topics.yaml``, or ``--format``) and prints each metric name the catalog and the
 ingest mapping do not map, with its sample count and a device, most frequent first: the
 names the refiner dead-letters as ``unknown_metric``. Extend ``schemas/catalog/ingest/``
-to map them. Exit 0 when it could read the topic (whatever it found), 1 otherwise.
+to map them. Counters sent as floats above 2**53 (not exact) are listed too, per metric.
+Exit 0 when it could read the topic (whatever it found), 1 otherwise.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from schemas.catalog import default_catalog
 from schemas.codec import content_type_of
 from schemas.errors import ConfigError, RejectedInput
 from schemas.ingest import Format, IngestDecoder, Position
+from schemas.ingest.assemble import INEXACT
 from services.settings import RefinerySettings
 
 
@@ -110,4 +112,6 @@ def cmd_catalog_unmapped(args: argparse.Namespace, settings: RefinerySettings) -
           f"{len(counts)} names not in the catalog")  # fmt: skip
     for name, n in counts.most_common():
         print(f"{n:>10}  {name}  (e.g. device {devices[name]})")
+    for name, n in sorted(INEXACT.inexact.items()):
+        print(f"{n:>10}  {name}  counter sent as a float above 2^53: not exact")
     return 0

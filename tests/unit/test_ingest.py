@@ -274,3 +274,14 @@ def test_every_bench_adapter_message_refines_whole() -> None:
         outs = refiner.process_group(recs, NOW)
         assert [o.outcome for o in outs] == ["refined"] * 3, a.name
         assert all(o.refined == o.input_samples == a.samples for o in outs), a.name
+
+
+def test_float_counters_above_2_53_are_counted_as_inexact() -> None:
+    from schemas.ingest.assemble import INEXACT
+
+    before = INEXACT.inexact.get("net.rx_bytes", 0)
+    body = b'node_network_receive_bytes_total{device="eth0"} 1.8446744073709e+19\n' \
+        b'node_network_receive_bytes_total{device="eth1"} 12345\n'  # fmt: skip
+    b = DEC.decode("prom", body, None, Position(0, 1, NOW, b"n"))
+    assert INEXACT.inexact["net.rx_bytes"] == before + 1  # eth0 only
+    assert b.table["raw"].to_pylist()[1] == 12345
