@@ -17,11 +17,15 @@ deadletter      topic, partition             offset, scope, reason            of
 accounting      raw_topic, raw_partition     raw_offset                       raw_offset
 alerts          (one)                        id, state                        kafka_offset
 episodes        (one)                        id, state                        kafka_offset
-rollups         node, window_s               window_start                     window_start
+rollups         node, window_s               window_start, samples (sum)      window_start
 ==============  ===========================  ===============================  =============
 
 [raw_topic,]: read as NULL where the rows do not carry it (refined and aligned rows name
 their raw partition and offset, not yet their raw topic).
+
+A rollup window's samples (the sum of ``count`` over the node's rows of that window in one
+message) belong to its identity: detect flushes its open windows part-way when stopped and
+the next process publishes them whole; both land and the ``rollups`` view keeps the fuller.
 
 A producer publishes every row of one identity in one message, each time it publishes it (a
 refined or aligned message holds whole raw records; a dead letter, an accounting row, an
@@ -47,6 +51,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 Key = tuple[Hashable, ...]
+_TOTAL = "__total"
 
 
 @dataclass(frozen=True)
@@ -59,6 +64,10 @@ class Identity:
     window: int
     older_landed: bool = True
     optional: tuple[str, ...] = ()  # columns a producer may not write yet: read as NULL
+    # a column summed over an identity's rows in one message, part of the identity: the same
+    # record published again with more in it (a rollup window flushed part-way at a stop,
+    # then whole by the next process) is another record
+    total: str | None = None
 
     @property
     def columns(self) -> tuple[str, ...]:
@@ -80,7 +89,9 @@ IDENTITIES: dict[str, Identity] = {
     "accounting": Identity(("raw_topic", "raw_partition"), ("raw_offset",), "raw_offset", 50_000),
     "alerts": _BY_ID,
     "episodes": _BY_ID,
-    "rollups": Identity(("node", "window_s"), ("window_start",), "window_start", 3_600 * 10**9),
+    "rollups": Identity(
+        ("node", "window_s"), ("window_start",), "window_start", 3_600 * 10**9, total="count"
+    ),
 }
 
 
@@ -137,26 +148,31 @@ class LineageIndex:
             ).fetchall()
         }
         sel = ", ".join(f'"{c}"' if c in have else f'NULL AS "{c}"' for c in cols)
+        names = ", ".join(f'"{c}"' for c in cols)
         over = ", ".join(f'"{c}"' for c in spec.stream)
         window = f"PARTITION BY {over}" if over else ""
+        # a total is summed per landed file: one message's rows never span two files
+        total = f', sum("{spec.total}") AS "{_TOTAL}"' if spec.total else ""
+        by = f"GROUP BY filename, {names}" if spec.total else ""
         sql = f"""
-            SELECT {sel} FROM (
-                SELECT DISTINCT {sel} FROM read_parquet(?, union_by_name = true)
-                WHERE "{spec.order}" IS NOT NULL
+            SELECT DISTINCT * EXCLUDE (filename) FROM (
+                SELECT filename, {sel}{total}
+                FROM read_parquet(?, union_by_name = true, filename = true)
+                WHERE "{spec.order}" IS NOT NULL {by}
             )
             QUALIFY "{spec.order}" > max("{spec.order}") OVER ({window}) - ?
             ORDER BY "{spec.order}"
         """
+        keys = [*cols, _TOTAL] if spec.total else list(cols)
         for row in duckdb.execute(sql, [list(files), spec.window]).fetchall():
-            values = dict(zip(cols, row, strict=True))
-            index.add(values)
+            index.add(dict(zip(keys, row, strict=True)))
         return index
 
     def add(self, values: dict[str, Hashable]) -> None:
         spec = self.spec
         order = values[spec.order]
         assert isinstance(order, int)
-        ident = tuple(values[c] for c in spec.ident)
+        ident = tuple(values[c] for c in (*spec.ident, *((_TOTAL,) if spec.total else ())))
         self._stream(tuple(values[c] for c in spec.stream)).add(ident, order)
 
     def drop_landed(self, table: pa.Table) -> pa.Table:
@@ -180,7 +196,9 @@ class LineageIndex:
         if len(dups) == len(idents):  # a copy of whole records, the usual replay
             return table.slice(0, 0)
         values = [
-            dict(zip((*spec.stream, *spec.ident), (*stream, *ident), strict=True))
+            dict(
+                zip((*spec.stream, *spec.ident), (*stream, *ident[: len(spec.ident)]), strict=True)
+            )
             for stream, ident in dups
         ]
         return table.filter(pc.invert(_rows_of(table, values)))
@@ -191,7 +209,7 @@ def _identities(table: pa.Table, spec: Identity) -> list[tuple[Key, Key, int | N
     whose order is the whole identity (refined and aligned rows: one raw partition per
     message) is settled by min/max passes and the distinct orders (or none when one)."""
     names = table.schema.names
-    if spec.ident == (spec.order,):
+    if spec.ident == (spec.order,) and spec.total is None:
         stream = _one_stream(table, spec, names)
         off = table.column(spec.order)
         if stream is not None and off.null_count == 0:
@@ -205,13 +223,18 @@ def _identities(table: pa.Table, spec: Identity) -> list[tuple[Key, Key, int | N
         [_plain(table.column(c)) if c in names else pa.nulls(n, pa.string()) for c in cols],
         names=list(cols),
     )
-    groups = sub.group_by(list(cols), use_threads=False).aggregate([])
+    sums: list[tuple[str, str]] = []
+    if spec.total:
+        sub = sub.append_column(_TOTAL, table.column(spec.total))
+        sums = [(_TOTAL, "sum")]
+    groups = sub.group_by(list(cols), use_threads=False).aggregate(sums)
     at = {c: i for i, c in enumerate(groups.column_names)}
+    ident = [*spec.ident, *((f"{_TOTAL}_sum",) if spec.total else ())]
     rows = zip(*(groups.column(c).to_pylist() for c in groups.column_names), strict=True)
     return [
         (
             tuple(r[at[c]] for c in spec.stream),
-            tuple(r[at[c]] for c in spec.ident),
+            tuple(r[at[c]] for c in ident),
             r[at[spec.order]],
         )
         for r in rows

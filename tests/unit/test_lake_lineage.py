@@ -58,7 +58,7 @@ def _accounting(offsets: list[int], topic: str | None = None) -> pa.Table:
     )
 
 
-def _rollups(node: str, starts: list[int], series: int = 3) -> pa.Table:
+def _rollups(node: str, starts: list[int], series: int = 3, count: int = 10) -> pa.Table:
     rows = [(s, k) for s in starts for k in range(series)]
     n = len(rows)
     return conform(
@@ -70,7 +70,7 @@ def _rollups(node: str, starts: list[int], series: int = 3) -> pa.Table:
                 "node": [node] * n,
                 "device": [f"gpu{k}" for _, k in rows],
                 "metric": ["gpu.power"] * n,
-                "count": [10] * n,
+                "count": [count] * n,
             }
         ),
         DATASETS["rollups"].schema,
@@ -155,6 +155,15 @@ def test_rollup_windows_of_a_node_land_once_whichever_message_carries_them() -> 
     kept = index.drop_landed(_rollups("n0", [10 * 10**9, 20 * 10**9]))
     assert set(kept.column("window_start").to_pylist()) == {T0 + 20 * 10**9}
     assert index.drop_landed(_rollups("n1", [0])).num_rows == 3  # another node's window
+
+
+def test_a_rollup_window_published_again_with_more_samples_lands_again() -> None:
+    """detect flushes its open windows when stopped; the next process publishes them whole."""
+    index = LineageIndex(IDENTITIES["rollups"])
+    assert index.drop_landed(_rollups("n0", [0], count=4)).num_rows == 3
+    assert index.drop_landed(_rollups("n0", [0], count=10)).num_rows == 3
+    assert index.drop_landed(_rollups("n0", [0], count=10)).num_rows == 0
+    assert index.drop_landed(_rollups("n0", [0], count=4)).num_rows == 0
 
 
 def _samples(offsets: list[int], topic: str | None = None) -> pa.Table:
