@@ -7,7 +7,7 @@
 -- param: start = 1970-01-01 00:00:00 | window start (UTC)
 -- param: end = 2262-01-01 00:00:00 | window end, exclusive (UTC)
 -- param: limit = 20 | links to return
-WITH c AS (
+WITH c0 AS (
     SELECT node, ts, metric, delta, rate, port, nic_dev,
            rail AS s_rail, leaf AS s_leaf, leaf_port AS s_leaf_port
     FROM rates
@@ -16,6 +16,23 @@ WITH c AS (
                      'rdma.rp_cnp_handled', 'ib.port_xmit_wait')
       AND ts >= epoch_ns(CAST($start AS TIMESTAMP))
       AND ts < epoch_ns(CAST($end AS TIMESTAMP))
+),
+-- An interface's rows ('eth2/prio3') count on the RDMA port behind it ('mlx5_2/1'): one link.
+netdevs AS (
+    SELECT *, coalesce(lead(valid_from) OVER (PARTITION BY node, device ORDER BY valid_from),
+                       9223372036854775807) AS next_from
+    FROM topology_netdevs
+    WHERE nic IS NOT NULL
+),
+c AS (
+    SELECT c0.* REPLACE (
+               coalesce(d.nic || '/' || d.port, c0.port) AS port,
+               coalesce(d.nic, c0.nic_dev) AS nic_dev)
+    FROM c0
+    LEFT JOIN netdevs AS d
+        ON c0.node = d.node AND c0.nic_dev = d.device
+       AND c0.ts >= d.valid_from AND c0.ts < d.next_from
+       AND (d.valid_until IS NULL OR c0.ts < d.valid_until)
 ),
 -- The version of a (node, device) in force at ts is the one with the latest valid_from <= ts
 -- (what an ASOF join on valid_from picks), i.e. the one whose [valid_from, next valid_from)

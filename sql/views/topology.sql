@@ -29,6 +29,15 @@ SELECT node, device, switch, switch_port, valid_from, valid_until, id
 FROM topology
 WHERE kind = 'link' AND node IS NOT NULL AND device IS NOT NULL;
 
+-- view: topology_netdevs
+-- Network interfaces (as ethtool names them: 'eth2') -> their RDMA device and port, per version
+-- (reported by the node exporter from sysfs, or named by the topology file).
+CREATE OR REPLACE VIEW topology_netdevs AS
+SELECT node, device, nic, coalesce(json_extract_string(attrs, '$.port'), '1') AS port,
+       switch, switch_port, valid_from, valid_until, id
+FROM topology
+WHERE kind = 'netdev' AND node IS NOT NULL AND device IS NOT NULL;
+
 -- view: topology_nics
 -- Host adapters: rail, NUMA node, affine GPU, first switch port, per version.
 CREATE OR REPLACE VIEW topology_nics AS

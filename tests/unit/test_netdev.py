@@ -298,3 +298,49 @@ def test_the_topology_file_names_a_nics_interface() -> None:
     assert (nd.id, nd.device, nd.nic, nd.attrs) == ("netdev:n1/eth3", "eth3", "mlx5_5", {"port": 1})
     r = TopologyIndex(ents).resolve("n1", "eth3/prio3", T0)
     assert (r["leaf"], r["leaf_port"], r["nic"]) == ("leaf-r3", "12", "mlx5_5")
+
+
+def test_the_lake_counts_an_interfaces_rows_on_the_rdma_port_behind_it(tmp_path: Path) -> None:
+    """top_congested_links: eth5/prio3 (PFC) and mlx5_5/1 (CNP) are one link once the
+    netdev facts say eth5 is mlx5_5 port 1, relabelled by the topology of the lake."""
+    import numpy as np
+    import pyarrow.compute as pc
+
+    from services.lake import sqlload, synth
+    from services.lake.datasets import TOPOLOGY_SCHEMA
+    from services.lake.writer import LakeWriter
+
+    t = synth.refined_samples(1, 10)
+    dev = t.column("device").to_numpy(zero_copy_only=False)
+    met = t.column("metric").to_numpy(zero_copy_only=False)
+    delta = pc.fill_null(t.column("delta"), 0.0).to_numpy(zero_copy_only=False).copy()
+    delta[(dev == "eth5/prio3") & (met == "nic.rx_prio_pause")] = 4_000.0
+    delta[(dev == "mlx5_5/1") & (met == "rdma.np_cnp_sent")] = 2_500.0
+    i = t.schema.get_field_index("delta")
+    t = t.set_column(i, t.schema.field(i), pa.array(delta).cast(t.schema.field(i).type))
+    w = LakeWriter(tmp_path)
+    w.ensure_seeds()
+    synth.land_lake(w, t, chunk_rows=50_000)
+
+    def links() -> dict[str, tuple[object, ...]]:
+        con = sqlload.connect(tmp_path)
+        rows = sqlload.run_query(con, "top_congested_links", {"limit": "100"}).fetchall()
+        return {r[4]: r for r in rows if r[3] == "node000"}
+
+    before = links()
+    assert before["eth5"][5] > 0 and before["mlx5_5/1"][8] > 0  # two rows for one link
+    rows = [
+        {"ts": 0, "id": f"netdev:node000/eth{g}", "kind": "netdev", "valid_from": 0,
+         "node": "node000", "device": f"eth{g}", "nic": f"mlx5_{g}", "attrs": '{"port": 1}',
+         "source": "sysfs", "kafka_partition": 0, "kafka_offset": 100 + g}
+        for g in range(8)
+    ]  # fmt: skip
+    facts = pa.Table.from_pylist(
+        [{k: r.get(k) for k in TOPOLOGY_SCHEMA.names} for r in rows], schema=TOPOLOGY_SCHEMA
+    )
+    w.land("topology", facts, partition=0, first=100, last=107)
+    after = links()
+    assert "eth5" not in after
+    one = after["mlx5_5/1"]
+    assert one[5] == before["eth5"][5] and one[8] == before["mlx5_5/1"][8]  # pause and CNP
+    assert one[1] == before["mlx5_5/1"][1] and np.isfinite(one[-1])  # its switch, a score
