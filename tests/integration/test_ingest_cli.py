@@ -56,7 +56,7 @@ def test_scrape_publishes_native_batches_with_full_identity(
                             env={**os.environ, "REFINERY_BOOTSTRAP_SERVERS": kafka_bootstrap},
                             stderr=subprocess.PIPE, text=True)  # fmt: skip
     try:
-        got = read_all(kafka_bootstrap, raw, until=3, timeout=60)
+        got = read_all(kafka_bootstrap, raw, until=3, timeout=120)
     finally:
         proc.terminate()
         _, err = proc.communicate(timeout=30)
