@@ -363,6 +363,170 @@ def test_pipeline_runs_under_its_own_principals(secure: Secure, tmp_path: Path) 
     assert "authorization" not in log.read_text().lower()
 
 
+# --- the Kubernetes manifests' containers, run here --------------------------------------
+
+K8S = REPO / "deploy" / "k8s"
+
+
+def _manifest_containers() -> dict[str, tuple[dict[str, Any], dict[str, Any]]]:
+    """workload name → (its pod spec, its first container) from deploy/k8s/."""
+    import yaml
+
+    out = {}
+    for path in sorted(K8S.glob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            if doc and doc["kind"] in ("Deployment", "StatefulSet", "DaemonSet"):
+                pod = doc["spec"]["template"]["spec"]
+                out[doc["metadata"]["name"]] = (pod, pod["containers"][0])
+    return out
+
+
+def _config_maps() -> dict[str, dict[str, str]]:
+    import yaml
+
+    return {
+        d["metadata"]["name"]: d["data"]
+        for p in sorted(K8S.glob("*.yaml"))
+        for d in yaml.safe_load_all(p.read_text())
+        if d and d["kind"] == "ConfigMap"
+    }
+
+
+def _local_process(
+    secure: Secure, pod: dict[str, Any], c: dict[str, Any], here: Path, extra: dict[str, str]
+) -> tuple[list[str], dict[str, str]]:
+    """A container's exact command, arguments and environment, with the cluster's addresses,
+    paths, bind hosts and secrets replaced by this machine's (127.0.0.1, never 0.0.0.0)."""
+    maps = _config_maps()
+    env: dict[str, str] = {}
+    for src in c.get("envFrom", []):
+        env.update(maps[src["configMapRef"]["name"]])
+    principal = next(e["value"] for e in c["env"] if e["name"] == "REFINERY_SASL_USERNAME")
+    local = secure.env(principal)
+    fields = {"status.podIP": "127.0.0.1", "metadata.name": "refinery-land-0"}
+    for e in c.get("env", []):
+        ref = e.get("valueFrom", {})
+        if "value" in e:
+            env[e["name"]] = e["value"]
+        elif "fieldRef" in ref:
+            env[e["name"]] = fields[ref["fieldRef"]["fieldPath"]]
+        elif "secretKeyRef" in ref:
+            assert ref["secretKeyRef"]["name"] == principal
+            env[e["name"]] = secure.material.password(principal)
+    env |= {
+        "REFINERY_BOOTSTRAP_SERVERS": secure.bootstrap,
+        "REFINERY_SSL_CA_LOCATION": local["REFINERY_SSL_CA_LOCATION"],
+        "REFINERY_HOME": str(here / "home"),
+        "REFINERY_LAKE": str(here / "lake"),
+        **extra,
+    }
+    mounts = {m["mountPath"]: m["name"] for m in c.get("volumeMounts", [])}
+    host = {v["name"]: v["hostPath"]["path"] for v in pod.get("volumes", []) if "hostPath" in v}
+    argv = []
+    for a in c["args"]:
+        for k, v in env.items():
+            a = a.replace(f"$({k})", v)
+        if a in mounts and mounts[a] in host:  # /host/proc → the host's /proc
+            a = host[mounts[a]]
+        argv.append(a)
+    assert argv[0] == "refinery" and "0.0.0.0" not in argv
+    return [sys.executable, "-m", "services.cli", *argv[1:]], {**_clean_env(), **env}
+
+
+def _free_port() -> int:
+    with socket.socket() as sk:
+        sk.bind(("127.0.0.1", 0))
+        return int(sk.getsockname()[1])
+
+
+def _lake_rows(lake: Path, dataset: str) -> int:
+    import pyarrow.parquet as pq
+
+    files = [f for f in (lake / dataset).rglob("*.parquet") if f.name != "seed.parquet"]
+    return sum(pq.ParquetFile(f).metadata.num_rows for f in files)
+
+
+def test_the_manifests_containers_run_end_to_end_with_their_principals(
+    secure: Secure, tmp_path: Path
+) -> None:
+    """Each container of deploy/k8s (node exporter, worker, detect, lander, alerts webhook
+    forwarder) runs here with its manifest's command, arguments and environment, its
+    principal's credentials and its probe's port on 127.0.0.1; a simulated cluster (as admin:
+    it plays the scheduler) brings a PFC storm and malformed records. The lake gets samples,
+    dead letters, alerts and episodes; /health answers where the probe would call it."""
+    import http.server
+
+    posts: list[bytes] = []
+
+    class Hook(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            posts.append(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *_: Any) -> None:
+            return
+
+    hook = http.server.HTTPServer(("127.0.0.1", 0), Hook)
+    threading.Thread(target=hook.serve_forever, daemon=True).start()
+    containers = _manifest_containers()
+    ports = {"refinery-worker": _free_port(), "refinery-detect": _free_port()}
+    hook_url = f"http://127.0.0.1:{hook.server_address[1]}/alerts"
+    procs: dict[str, subprocess.Popen[bytes]] = {}
+    logs = {}
+    try:
+        for name in ("refinery-worker", "refinery-detect", "refinery-land",
+                     "refinery-alerts-webhook", "refinery-node-exporter"):  # fmt: skip
+            pod, c = containers[name]
+            argv, env = _local_process(secure, pod, c, tmp_path / name, {"WEBHOOK_URL": hook_url})
+            if name in ports:  # the probe's port, free on this machine
+                argv[argv.index("--web-port") + 1] = str(ports[name])
+            if name == "refinery-land":
+                env["REFINERY_LAKE"] = str(tmp_path / "lake")
+            (tmp_path / name).mkdir(parents=True, exist_ok=True)
+            logs[name] = tmp_path / name / "log"
+            with open(logs[name], "wb") as out:
+                procs[name] = subprocess.Popen(
+                    argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=tmp_path / name
+                )
+        faults = "pfc_storm:leaf=leaf-p0-r3,port=1,start=2,dur=8,malformed"
+        sim = cli(
+            *("simulate", "--nodes", "4", "--duration", "14", "--speed", "0", "--seed", "5"),
+            *("--faults", faults, "--json"),
+            env=secure.env("admin"),
+        )
+        assert sim.returncode == 0, sim.stderr[-2000:]
+        lake = tmp_path / "lake"
+        want = ("samples", "deadletter", "alerts", "episodes")
+        deadline = time.monotonic() + 240
+        got: dict[str, int] = {}
+        while time.monotonic() < deadline:
+            got = {d: _lake_rows(lake, d) for d in want}
+            dead = [n for n, p in procs.items() if p.poll() is not None]
+            assert not dead, {n: logs[n].read_text(errors="replace")[-2000:] for n in dead}
+            if all(got.values()) and posts:
+                break
+            time.sleep(2)
+        tails = {n: logs[n].read_text(errors="replace")[-1500:] for n in procs}
+        assert all(got.values()) and posts, (got, len(posts), tails)
+        for name, port in ports.items():  # where the liveness probe calls it
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
+                assert r.status == 200, name
+        for name in procs:
+            assert "authorization" not in logs[name].read_text(errors="replace").lower(), name
+        secure.outputs += [sim.stdout, sim.stderr]
+    finally:
+        for p in procs.values():
+            p.send_signal(signal.SIGTERM)
+        for p in procs.values():
+            try:
+                p.wait(60)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        hook.shutdown()
+    secure.outputs += [p.read_text(errors="replace") for p in logs.values()]
+
+
 def _write_verdicts(conf: dict[str, Any], topics: list[str]) -> dict[str, int | None]:
     """Per topic: the error code of producing one record (None: acknowledged)."""
     out: dict[str, int | None] = {}
