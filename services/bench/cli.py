@@ -31,9 +31,16 @@ BENCHMARKS = (
     "exporter",
     "alert_latency",
     "alert_accuracy",
+    "alert_accuracy_loaded",
     "sasl",
 )
-NEEDS_KAFKA = {"worker_throughput", "freshness", "alert_latency", "alert_accuracy"}
+NEEDS_KAFKA = {
+    "worker_throughput",
+    "freshness",
+    "alert_latency",
+    "alert_accuracy",
+    "alert_accuracy_loaded",
+}
 # benchmarks measured by one shared run
 SHARED_RUN = {n: ("freshness", "alert_latency") for n in ("freshness", "alert_latency")}
 
@@ -307,6 +314,11 @@ def _plan(
 
         return [bench_alert_accuracy(k, sizes.accuracy_s)]
 
+    def accuracy_loaded() -> list[Any]:
+        from services.bench.accuracy_loaded import bench_accuracy_loaded
+
+        return [bench_accuracy_loaded(k, worker_rate(), min(sizes.accuracy_s, 180))]
+
     steps: dict[str, Step] = {
         "worker_throughput": throughput,
         "refine_memory": lambda: [local.bench_refine_memory(sizes.memory_sources)],
@@ -316,6 +328,7 @@ def _plan(
         "exporter": lambda: [local.bench_exporter(sizes.scrapes)],
         "alert_latency": pipeline,
         "alert_accuracy": accuracy,
+        "alert_accuracy_loaded": accuracy_loaded,
         "sasl": lambda: [local.bench_sasl(quick=sizes.samples < 1_000_000)],
     }
     return [(n, steps[n]) for n in names]

@@ -93,6 +93,15 @@ FIGURES = {
         "half_load_alert_p99_s",  # the freshness run's, next to the floor run's
     ],
     "alert_accuracy": ["precision", "recall"],
+    "alert_accuracy_loaded": [
+        "within_bound_share",
+        "clock_err_p99_ms",
+        "clock_bound_p99_ms",
+        "precision",
+        "incident_recall",
+        "lost",
+        "duplicated",
+    ],
 }
 
 
