@@ -50,10 +50,13 @@ NETDEVS = {
 
 @pytest.fixture(scope="module")
 def sysfs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_sysfs(tmp_path_factory.mktemp("h100") / "sys")
+
+
+def build_sysfs(root: Path) -> Path:
     """The real tree as /sys/class/infiniband, each HCA's PCI function holding it and its
     netdev (/sys/devices/.../<pci>/{infiniband,net}), /sys/class/net/<netdev> links to those,
     and the bond's RoCE GID naming ``bond0`` (gid_attrs/ndevs), as the kernel lays them out."""
-    root = tmp_path_factory.mktemp("h100") / "sys"
     raw = root.parent / "raw"
     with tarfile.open(REAL / "gpud-sys-class-infiniband-h100.tar.gz") as tf:
         tf.extractall(raw, filter="data")
