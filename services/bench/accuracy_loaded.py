@@ -38,6 +38,7 @@ LANDED = (
     ("topology", "topology"),
     ("jobs", "jobs"),
     ("telemetry.accounting", "accounting"),
+    ("telemetry.rollups", "rollups"),
 )
 
 

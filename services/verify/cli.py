@@ -40,10 +40,15 @@ def run(args: argparse.Namespace, settings: RefinerySettings) -> int:
     if not lake.is_dir():
         raise ConfigError(f"--lake {lake}: no such directory")
     rules = Path(args.rules) if args.rules else DEFAULT_RULES
+    import duckdb
+
     try:
         v = verify(lake, truth, rules)
     except FileNotFoundError as e:
         raise ConfigError(f"--truth {truth}: incomplete truth ({e.filename or e})") from e
+    except duckdb.IOException as e:  # a dataset the lander never wrote (not even its seed)
+        first = str(e).splitlines()[0]
+        raise ConfigError(f"--lake {lake}: not a lake of every dataset: {first}") from e
     if args.json:
         json.dump(v.as_dict(), sys.stdout, indent=2, default=str)
         sys.stdout.write("\n")

@@ -365,3 +365,23 @@ def test_verify_clean_run_meets_every_goal(tmp_path: Path) -> None:
     assert v.ok, v.misses
     assert v.clock.within_share == 1.0 and v.alerts.precision == 1.0
     assert "every goal met" in render(v)
+
+
+def test_verify_cli_says_what_is_wrong_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from services.cli import main
+
+    truth = tmp_path / "truth.parquet"
+    assert main(["verify", "--truth", str(truth), "--lake", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.strip().endswith("no such file")
+    _write_truth(truth, 1.0)
+    (tmp_path / "half" / "samples").mkdir(parents=True)  # no dataset's seed file
+    assert main(["verify", "--truth", str(truth), "--lake", str(tmp_path / "half")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "not a lake of every dataset" in err and len(err.splitlines()) == 1
+    w = LakeWriter(tmp_path / "lake")
+    w.ensure_seeds()  # every dataset, none with a sample
+    _land_events_and_collectives(w)
+    assert main(["verify", "--truth", str(truth), "--lake", str(tmp_path / "lake")]) == 1
+    assert "MISSED: samples: 920 lost" in capsys.readouterr().out
