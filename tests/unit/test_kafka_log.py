@@ -38,6 +38,10 @@ def test_a_failure_names_the_address_and_the_cause() -> None:
     )
     err = KafkaException(KafkaError(KafkaError._TRANSPORT, "Failed to get metadata"))
     line = describe(err, "10.0.0.9:9093")
+    assert describe(err, "10.0.0.8:9093") == (  # another address's lines are not its cause
+        "cannot use Kafka at 10.0.0.8:9093: Failed to get metadata"
+    )
+    RECENT.clear()
     assert line == (
         "cannot use Kafka at 10.0.0.9:9093: SASL authentication error: Authentication failed "
         "(after 12ms in state AUTH_REQ) (Failed to get metadata)"
