@@ -1,5 +1,6 @@
-"""`refinery demo --quick` end to end against the session broker: the accounting balances and
-the storm, the XID and the throttling are each reported once, with the right entities."""
+"""`refinery demo --quick` end to end against the session broker: the accounting balances, the
+storm, the XID and the throttling are each reported once, with the right entities, and the
+demo's own comparison with the simulator's truth meets every goal."""
 
 from __future__ import annotations
 
@@ -76,6 +77,13 @@ def test_demo_quick(kafka_bootstrap: str, tmp_path: Path) -> None:
     # nothing else fires: only clock alerts for skewed sources remain
     others = [a for a in alerts if a not in stragglers + xid_alerts + thr_alerts]
     assert all(a["rule"] == "clock_offset" for a in others), others
+    # the demo's own check against the simulator's truth: every goal met, every rule counted
+    v = s["verify"]
+    assert v["ok"], v["misses"]
+    assert v["alerts"]["precision"] >= 0.98 and v["alerts"]["incident_recall"] == 1.0
+    assert v["alerts"]["false"] == [] and v["alerts"]["stragglers"]["named"] == 1
+    assert {"exporter_silent", "refined_freshness", "clock_offset"} <= set(v["alerts"]["by_rule"])
+    assert all(d[k]["lost"] == d[k]["duplicated"] == 0 for d in [v["data"]] for k in d)
     # the named queries find the injected incidents
     assert s["top_congested_links"][0]["switch"] == storm["switch"]
     assert any(r["gpu"] == thr["device"] for r in s["gpu_throttling_by_cause"])
