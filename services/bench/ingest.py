@@ -7,7 +7,9 @@ series; dcgm-like exposition; one collectd value list per message as write_kafka
 decoded over and over (``decode``: :class:`schemas.ingest.IngestDecoder` alone), then a
 stream of such messages, each a second later, goes through :class:`Refiner` as the worker
 runs it (``refine``: decode, validate, dedupe, counters, clock, enrich, outputs), in groups
-of ``GROUP`` records. Rates are samples per CPU-second of this process (``process_time``).
+of ``GROUP`` records, from 100 hosts (``--hosts``: the refiner refines one batch of a source
+per wave, so one host's consecutive records are refined one after the other). Rates are
+samples per CPU-second of this process (``process_time``).
 """
 
 from __future__ import annotations
@@ -33,6 +35,12 @@ from services.worker.refiner import OutputTopics, RawRecord, Refiner
 SECOND = 1_000_000_000
 CPUS, STATES = 64, ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
 NETS = 8
+HOST = b"b000"  # every message's host; the refine rate renames it per message (same length)
+
+
+def on_host(body: bytes, k: int) -> bytes:
+    """``body`` as host ``b<k>`` sent it (protobuf included: the name keeps its length)."""
+    return body.replace(HOST, b"b%03d" % (k % 1000))
 
 
 @dataclass(frozen=True)
@@ -54,20 +62,20 @@ def _prom(i: int, ts: int) -> bytes:
 
 def _influx(i: int, ts: int) -> bytes:
     fields = ",".join(f"time_{m}={1000 + i}.25" for m in STATES)
-    lines = [f"cpu,cpu=cpu{c},host=b1 {fields} {ts}" for c in range(CPUS)]
-    lines += [f"net,interface=eth{d},host=b1 bytes_recv={10**9 + i * 4096}i,"
+    lines = [f"cpu,cpu=cpu{c},host=b000 {fields} {ts}" for c in range(CPUS)]
+    lines += [f"net,interface=eth{d},host=b000 bytes_recv={10**9 + i * 4096}i,"
               f"bytes_sent={10**9 + i * 2048}i {ts}" for d in range(NETS)]  # fmt: skip
     return "\n".join(lines).encode()
 
 
 def _influx_one(i: int, ts: int) -> bytes:
     fields = ",".join(f"time_{m}={1000 + i}.25" for m in STATES)
-    return f"cpu,cpu=cpu{i % CPUS},host=b1 {fields} {ts}".encode()
+    return f"cpu,cpu=cpu{i % CPUS},host=b000 {fields} {ts}".encode()
 
 
 def _collectd_one(i: int, ts: int) -> bytes:
     vl = {"values": [10**9 + i * 4096, 10**9 + i * 2048], "dstypes": ["derive", "derive"],
-          "dsnames": ["rx", "tx"], "time": ts / 1e9, "interval": 1.0, "host": "b1",
+          "dsnames": ["rx", "tx"], "time": ts / 1e9, "interval": 1.0, "host": "b000",
           "plugin": "interface", "plugin_instance": f"eth{i % NETS}", "type": "if_octets",
           "type_instance": ""}  # fmt: skip
     return json.dumps([vl]).encode()
@@ -75,7 +83,9 @@ def _collectd_one(i: int, ts: int) -> bytes:
 
 def _otlp_template() -> metrics_pb2.MetricsData:
     reader = InMemoryMetricReader()
-    provider = MeterProvider(resource=Resource.create({"host.name": "b1"}), metric_readers=[reader])
+    provider = MeterProvider(
+        resource=Resource.create({"host.name": "b000"}), metric_readers=[reader]
+    )
     cpu = provider.get_meter("bench").create_counter("system.cpu.time", unit="s")
     otel = {"iowait": "wait", "irq": "interrupt"}  # OTel's names of the states
     for c in range(CPUS):
@@ -119,15 +129,20 @@ def decode_rate(a: Adapter, seconds: float) -> float:
     n, t0 = 0, time.process_time()
     while time.process_time() - t0 < seconds:
         for k in range(20):
-            dec.decode("t", body, None, Position(0, n + k, now, b"b1"))
+            dec.decode("t", body, None, Position(0, n + k, now, HOST))
         n += 20
     return n * a.samples / (time.process_time() - t0)
 
 
-def refine_rate(a: Adapter, messages: int) -> float:
-    start = time.time_ns() - (messages + 5) * SECOND
-    recs = [RawRecord("t", 0, i, b"b1", a.message(i, start + i * SECOND), [],
-                      (start + i * SECOND) // 1_000_000 + 2) for i in range(messages)]  # fmt: skip
+def refine_rate(a: Adapter, messages: int, hosts: int = 100) -> float:
+    """Samples per CPU-second of :class:`Refiner` on ``messages`` of ``a`` from ``hosts``
+    hosts, each sending one a second (the first half warms the state)."""
+    start = time.time_ns() - (messages // hosts + 5) * SECOND
+    recs = []
+    for i in range(messages):
+        ts = start + (i // hosts) * SECOND
+        body = on_host(a.message(i // hosts, ts), i % hosts)
+        recs.append(RawRecord("t", 0, i, b"b%03d" % (i % hosts), body, [], ts // 1_000_000 + 2))
     topo = TopologyIndex([], [])
     refiner = Refiner(default_catalog(), OutputTopics(), lambda: topo, lambda _: None,
                       lambda _: None, ingest=IngestDecoder({"t": a.format}))  # fmt: skip
@@ -145,11 +160,12 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seconds", type=float, default=2.0, help="CPU seconds per decode rate")
     p.add_argument("--messages", type=int, default=400, help="messages per refine rate")
+    p.add_argument("--hosts", type=int, default=100, help="hosts sending them (100)")
     args = p.parse_args(argv)
     print(f"{'adapter':<26}{'samples/msg':>12}{'decode M/CPU-s':>16}{'refine M/CPU-s':>16}")
     for a in adapters():
         d = decode_rate(a, args.seconds)
-        r = refine_rate(a, args.messages if a.samples > 64 else args.messages * 10)
+        r = refine_rate(a, args.messages if a.samples > 64 else args.messages * 10, args.hosts)
         print(f"{a.name:<26}{a.samples:>12}{d / 1e6:>16.3f}{r / 1e6:>16.3f}")
     return 0
 

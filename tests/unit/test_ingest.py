@@ -269,7 +269,7 @@ def test_every_bench_adapter_message_refines_whole() -> None:
         topo = TopologyIndex([], [])
         refiner = Refiner(default_catalog(), OutputTopics(), lambda t=topo: t, lambda _: None,
                           lambda _: None, ingest=IngestDecoder({"t": a.format}))  # fmt: skip
-        recs = [RawRecord("t", 0, i, b"b1", a.message(i, start + i * SECOND), [],
+        recs = [RawRecord("t", 0, i, b"b000", a.message(i, start + i * SECOND), [],
                           (start + i * SECOND) // 1_000_000) for i in range(3)]  # fmt: skip
         outs = refiner.process_group(recs, NOW)
         assert [o.outcome for o in outs] == ["refined"] * 3, a.name

@@ -1,0 +1,95 @@
+"""End-to-end worker rate of each ingest format: a backlog on the format's ingest topic, one
+worker (a subprocess, as deployed), its CPU seconds per refined sample.
+
+    REFINERY_BOOTSTRAP_SERVERS=host:port python -m services.bench.ingest_worker [ADAPTER ...]
+
+Topics are created under a fresh prefix. The worker's CPU (utime + stime from /proc) is
+counted from its first accounting record on, so start-up is left out. Adapters are those of
+:mod:`services.bench.ingest`, sent by 100 hosts (one-line messages by 300), as a site's
+agents would send them.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+
+from confluent_kafka import Consumer, Producer
+
+from services.bench.ingest import SECOND, Adapter, adapters, on_host
+from services.topics import apply_topics, load_topic_specs
+
+TOPICS = {"prometheus": "telemetry.ingest.prom", "influx": "telemetry.ingest.influx",
+          "otlp": "telemetry.ingest.otlp", "collectd": "telemetry.ingest.collectd"}  # fmt: skip
+
+
+def _cpu_s(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _backlog(bootstrap: str, topic: str, a: Adapter, n: int, hosts: int) -> None:
+    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20})
+    start = time.time_ns() - (n // hosts + 5) * SECOND
+    for i in range(n):
+        body = a.message(i // hosts, start + (i // hosts) * SECOND)
+        p.produce(topic, on_host(body, i % hosts), key=b"b%03d" % (i % hosts))
+        p.poll(0)
+    p.flush(60)
+
+
+def worker_rate(bootstrap: str, a: Adapter, n: int, hosts: int) -> tuple[int, float]:
+    """(records counted, worker CPU seconds for them) of ``n`` messages of ``a``."""
+    prefix = f"b{uuid.uuid4().hex[:8]}."
+    apply_topics({"bootstrap.servers": bootstrap}, load_topic_specs(prefix=prefix))
+    _backlog(bootstrap, prefix + TOPICS[a.format], a, n, hosts)
+    env = {**os.environ, "REFINERY_BOOTSTRAP_SERVERS": bootstrap}
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [sys.executable, "-m", "services.cli", "worker", "--topic-prefix", prefix,
+               "--app-id", prefix + "worker", "--web-port", "0", "--data-dir", tmp]  # fmt: skip
+        w = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        c = Consumer({"bootstrap.servers": bootstrap, "group.id": prefix + "count",
+                      "auto.offset.reset": "earliest"})  # fmt: skip
+        c.subscribe([prefix + "telemetry.accounting"])
+        got, first, cpu0 = 0, 0, None
+        deadline = time.monotonic() + 600
+        try:
+            while got < n and time.monotonic() < deadline:
+                got += sum(1 for m in c.consume(1000, 0.5) if m.error() is None)
+                if cpu0 is None and got:
+                    cpu0, first = _cpu_s(w.pid), got
+            cpu = _cpu_s(w.pid) - (cpu0 or 0.0)
+        finally:
+            c.close()
+            w.terminate()
+            w.wait(60)
+    return got - first, cpu
+
+
+def main(argv: list[str] | None = None) -> int:
+    bootstrap = os.environ.get("REFINERY_BOOTSTRAP_SERVERS")
+    if not bootstrap:
+        print("ingest_worker: set REFINERY_BOOTSTRAP_SERVERS", file=sys.stderr)
+        return 2
+    names = argv if argv is not None else sys.argv[1:]
+    for a in adapters():
+        if (names and a.name not in names) or a.format not in TOPICS:
+            continue
+        one_line = a.samples <= 64
+        records, cpu = worker_rate(
+            bootstrap, a, 6000 if one_line else 600, 300 if one_line else 100
+        )
+        rate = records * a.samples / cpu if cpu else float("nan")
+        per_s = records / cpu if cpu else float("nan")
+        print(f"{a.name:<20} {records} records, worker {cpu:.1f} CPU-s: {rate / 1e6:.3f} M "
+              f"samples per worker CPU-s, {per_s:.0f} records per CPU-s", flush=True)  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
