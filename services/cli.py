@@ -247,6 +247,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("refinery: interrupted", file=sys.stderr)
         return 130
+    except OSError as e:  # a state or data path that cannot be created, read or written
+        where = f": {e.filename}" if e.filename else ""
+        print(f"refinery: {e.strerror or e}{where}", file=sys.stderr)
+        return 1
     except Exception as e:
         line = _kafka_failure(e)
         if line is None:

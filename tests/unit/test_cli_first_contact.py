@@ -79,3 +79,12 @@ def test_sql_on_a_path_with_no_lake_says_so(tmp_path: Path) -> None:
                           REFINERY_LAKE=str(empty))  # fmt: skip
     assert rc == 0 and out.strip() == '[{"n": 0}]'
     assert err.strip() == f"refinery: the lake at {empty} holds no data yet"
+
+
+def test_a_state_path_that_cannot_be_made_is_one_line(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    argv = ["broker", "start", "--port", "0", "--data-dir", f"{blocker}/b"]
+    rc, out, err, _ = cli(argv, tmp_path)
+    assert rc == 1 and out == ""
+    assert err.strip() == f"refinery: Not a directory: {blocker}/b"
