@@ -151,15 +151,20 @@ class LineageIndex:
         names = ", ".join(f'"{c}"' for c in cols)
         over = ", ".join(f'"{c}"' for c in spec.stream)
         window = f"PARTITION BY {over}" if over else ""
-        # a total is summed per landed file: one message's rows never span two files
-        total = f', sum("{spec.total}") AS "{_TOTAL}"' if spec.total else ""
-        by = f"GROUP BY filename, {names}" if spec.total else ""
+        if spec.total:  # an identity's rows in one message lie in one file (one hour)
+            rows = f"""
+                SELECT {names}, sum("{spec.total}") AS "{_TOTAL}"
+                FROM (SELECT filename, {sel}, "{spec.total}"
+                      FROM read_parquet(?, union_by_name = true, filename = true))
+                WHERE "{spec.order}" IS NOT NULL GROUP BY filename, {names}
+            """
+        else:
+            rows = f"""
+                SELECT {sel} FROM read_parquet(?, union_by_name = true)
+                WHERE "{spec.order}" IS NOT NULL
+            """
         sql = f"""
-            SELECT DISTINCT * EXCLUDE (filename) FROM (
-                SELECT filename, {sel}{total}
-                FROM read_parquet(?, union_by_name = true, filename = true)
-                WHERE "{spec.order}" IS NOT NULL {by}
-            )
+            SELECT DISTINCT * FROM ({rows})
             QUALIFY "{spec.order}" > max("{spec.order}") OVER ({window}) - ?
             ORDER BY "{spec.order}"
         """
