@@ -127,6 +127,7 @@ class _Shape:
     nodes: frozenset[str]
     names: list[str]
     devices: list[str]
+    mapping: Mapping  # the shape's key holds its id: an id is reused once its object is gone
 
     def columns(self, inv: np.ndarray) -> tuple[pa.Array, pa.Array]:
         """Metric and device per sample: by Arrow's take for many samples, by a Python
@@ -147,7 +148,7 @@ _SOURCES: dict[tuple[str, str, int, str], SourceId] = {}
 def _shape(points: Points, uniq: np.ndarray, mapping: Mapping) -> _Shape:
     key = (id(mapping), id(points.series), points.series.generation, uniq.tobytes())
     got = _SHAPES.get(key)
-    if got is None:
+    if got is None or got.mapping is not mapping:
         targets = [mapping.resolve(points.series.keys[g]) for g in uniq.tolist()]
         names = [t.metric for t in targets]
         devices = [t.device for t in targets]
@@ -159,6 +160,7 @@ def _shape(points: Points, uniq: np.ndarray, mapping: Mapping) -> _Shape:
             frozenset(t.node for t in targets if t.node),
             names,
             devices,
+            mapping,
         )
         if len(_SHAPES) >= 1024:  # bounded: the distinct shapes of recent messages
             _SHAPES.clear()
