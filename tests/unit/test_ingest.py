@@ -285,3 +285,15 @@ def test_float_counters_above_2_53_are_counted_as_inexact() -> None:
     b = DEC.decode("prom", body, None, Position(0, 1, NOW, b"n"))
     assert INEXACT.inexact["net.rx_bytes"] == before + 1  # eth0 only
     assert b.table["raw"].to_pylist()[1] == 12345
+
+
+def test_telegraf_ethtool_priorities_map_to_the_native_nic_devices() -> None:
+    line = (
+        b"ethtool,driver=mlx5_core,host=gn1,interface=eth2 rx_prio3_pause=17i,"
+        b"tx_prio3_pause_duration=250i,rx_discards_phy=4i,tx_queue_1_packets=9i 1\n"
+    )
+    rows = _rows(DEC.decode("lp", line, None, Position(0, 1, NOW, None)).table)
+    assert rows[("nic.rx_prio_pause", "eth2/prio3")]["raw"] == 17  # as refinery export node
+    assert rows[("nic.tx_prio_pause_duration", "eth2/prio3")]["raw"] == 250
+    assert rows[("nic.rx_discards_phy", "eth2")]["raw"] == 4
+    assert ("ethtool.tx_queue_1_packets", "eth2") in rows  # unmapped: keeps its name
