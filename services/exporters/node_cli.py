@@ -144,6 +144,9 @@ def _publish_facts(facts: NetdevFacts, settings: RefinerySettings, topic: str) -
     entities = facts.changed()
     if entities is None:
         return
+    if not entities:  # no RDMA interface and no LLDP neighbour: nothing to record
+        facts.mark_published(entities)
+        return
     records = ((e.id, e.model_dump_json()) for e in entities)
     try:
         publish(settings.kafka(), topic, records, timeout=30.0)
