@@ -11,6 +11,7 @@ agents would send them.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -71,12 +72,69 @@ def worker_rate(bootstrap: str, a: Adapter, n: int, hosts: int) -> tuple[int, fl
     return got - first, cpu
 
 
+def _start(bootstrap: str, prefix: str, tmp: str) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "REFINERY_BOOTSTRAP_SERVERS": bootstrap}
+    cmd = [sys.executable, "-m", "services.cli", "worker", "--topic-prefix", prefix,
+           "--app-id", prefix + "worker", "--web-port", "0", "--data-dir", tmp]  # fmt: skip
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def freshness(bootstrap: str, a: Adapter, rate: float, seconds: float, hosts: int) -> list[int]:
+    """The worker's latency (ms: its accounting record's time minus the raw record's append
+    time) of each of ``rate`` messages a second of ``a`` sent for ``seconds`` by ``hosts``
+    hosts in turn, each stamped when sent, once the worker has refined a first one."""
+    prefix = f"b{uuid.uuid4().hex[:8]}."
+    apply_topics({"bootstrap.servers": bootstrap}, load_topic_specs(prefix=prefix))
+    topic = prefix + TOPICS[a.format]
+    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": prefix + "count",
+                  "auto.offset.reset": "earliest"})  # fmt: skip
+    c.subscribe([prefix + "telemetry.accounting"])
+    with tempfile.TemporaryDirectory() as tmp:
+        w = _start(bootstrap, prefix, tmp)
+        try:
+            p.produce(topic, on_host(a.message(0, time.time_ns()), 0), key=b"b000")
+            p.flush(30)
+            while not any(m.error() is None for m in c.consume(10, 0.5)):
+                pass  # the worker is up and has refined its first record
+            n, t0 = int(rate * seconds), time.monotonic()
+            for k in range(n):
+                time.sleep(max(0.0, t0 + k / rate - time.monotonic()))
+                body = a.message(1 + k // hosts, time.time_ns())
+                p.produce(topic, on_host(body, k % hosts), key=b"b%03d" % (k % hosts))
+                p.poll(0)
+            p.flush(30)
+            lat: list[int] = []
+            deadline = time.monotonic() + 120
+            while len(lat) < n and time.monotonic() < deadline:
+                for m in c.consume(1000, 0.5):
+                    value = m.value()
+                    if m.error() is None and value is not None:
+                        append_ms = json.loads(value)["append_ms"]
+                        lat.append(m.timestamp()[1] - int(append_ms))
+            return lat
+        finally:
+            c.close()
+            w.terminate()
+            w.wait(60)
+
+
 def main(argv: list[str] | None = None) -> int:
     bootstrap = os.environ.get("REFINERY_BOOTSTRAP_SERVERS")
     if not bootstrap:
         print("ingest_worker: set REFINERY_BOOTSTRAP_SERVERS", file=sys.stderr)
         return 2
     names = argv if argv is not None else sys.argv[1:]
+    if names and names[0] == "--freshness":  # --freshness ADAPTER RATE [SECONDS]
+        a = next(x for x in adapters() if x.name == names[1])
+        seconds = float(names[3]) if len(names) > 3 else 20.0
+        lat = sorted(freshness(bootstrap, a, float(names[2]), seconds, 300))
+        q = lat[min(len(lat) - 1, int(0.99 * len(lat)))] if lat else -1
+        print(
+            f"{a.name} at {names[2]} records/s: {len(lat)} records, worker latency p50 "
+            f"{lat[len(lat) // 2] if lat else -1} ms, p99 {q} ms, max {lat[-1] if lat else -1} ms"
+        )
+        return 0
     for a in adapters():
         if (names and a.name not in names) or a.format not in TOPICS:
             continue
