@@ -235,6 +235,12 @@ class Refiner:
             except RejectedInput as e:
                 outs[i] = self._reject_record(rec, ct, e, now_ns)
                 continue
+            except Exception as e:  # a decoder's bug: this record's failure, no one else's
+                if not recoverable(e):
+                    raise
+                bad = RejectedInput(Reason.UNDECODABLE, detail_of(e))
+                outs[i] = self._reject_record(rec, ct, bad, now_ns)
+                continue
             self._ensure(batch)
             src = batch.envelope.source
             position = (rec.partition, rec.offset)
