@@ -45,28 +45,42 @@ class Run:
     end_ns: int
     speed: float | None
     interval_ns: int = S
+    factor: float = 1.0  # true time per broker time: the speed (flat out: as measured)
 
     @property
     def real_time(self) -> bool:
         return self.speed is not None and abs(self.speed - 1.0) < 1e-9
+
+    def to_true(self, t: int) -> int:
+        """A broker (aligned, processing) time as the simulator's true time: they start
+        together, and true time runs ``factor`` times faster."""
+        return t if self.factor == 1.0 else self.start_ns + round((t - self.start_ns) * self.factor)
+
+    def to_broker(self, t: int) -> int:
+        return t if self.factor == 1.0 else self.start_ns + round((t - self.start_ns) / self.factor)
 
 
 def run_of(con: duckdb.DuckDBPyConnection, facts: Mapping[str, Any] | None) -> Run:
     """The run from the truth's ``run.json`` facts, or, for a truth without them, from its
     sends (assumed real time)."""
     if facts:
-        return Run(
-            int(facts["start_ns"]),
-            int(facts["end_ns"]),
-            None if facts.get("speed") is None else float(facts["speed"]),
-            int(facts.get("interval_ns") or S),
-        )
+        speed = None if facts.get("speed") is None else float(facts["speed"])
+        start, end = int(facts["start_ns"]), int(facts["end_ns"])
+        factor = speed if speed is not None else _measured_factor(con, start, end)
+        return Run(start, end, speed, int(facts.get("interval_ns") or S), max(1.0, factor))
     row = con.execute(
         "SELECT min(due_true_ns), max(due_true_ns) FROM truth_sends WHERE stream = 'raw'"
     ).fetchone()
     if row is None or row[0] is None:
         raise ValueError("the truth has no raw sends: not a simulator run's truth")
     return Run(int(row[0]), int(row[1]) + S, 1.0)
+
+
+def _measured_factor(con: duckdb.DuckDBPyConnection, start: int, end: int) -> float:
+    """A run published flat out: its true span over the span the refiner processed it in."""
+    row = con.execute("SELECT max(ts) - min(ts) FROM refine_accounting").fetchone()
+    span = int(row[0]) if row is not None and row[0] is not None else 0
+    return (end - start) / span if span > 0 else 1.0
 
 
 def _records(con: duckdb.DuckDBPyConnection, sql: str) -> list[dict[str, Any]]:
@@ -89,27 +103,35 @@ def lake_detections(
     )
     for a in alerts:
         a["evidence"] = json.loads(a["evidence"]) if a["evidence"] else {}
+        a["starts_ns"] = run.to_true(a["starts_ns"])
+        a["ends_ns"] = None if a["ends_ns"] is None else run.to_true(a["ends_ns"])
     alerts = [a for a in alerts if a["node"] is None or a["node"] in nodes]
     episodes = _records(
         con,
         f"""SELECT id, kind, state, entity, start_ns, end_ns, nodes, jobs, cause_hint
             FROM episodes WHERE start_ns BETWEEN {lo} AND {hi} ORDER BY emitted_ns, id""",
     )
+    for e in episodes:
+        e["start_ns"] = run.to_true(e["start_ns"])
+        e["end_ns"] = None if e["end_ns"] is None else run.to_true(e["end_ns"])
     return alerts, episodes
 
 
-def pipeline_signals(con: duckdb.DuckDBPyConnection, rules: list[Rule]) -> list[Signal]:
-    """Pipeline-health alerts the run's own measured state explains (true, not incidents)."""
+def pipeline_signals(con: duckdb.DuckDBPyConnection, rules: list[Rule], run: Run) -> list[Signal]:
+    """Pipeline-health alerts the run's own measured state explains (true, not incidents),
+    spans on the true clock (as the detections' times are)."""
     out: list[Signal] = []
     for rule in rules:
         if isinstance(rule, FreshnessRule):
-            out += _freshness_signals(con, rule)
+            out += _freshness_signals(con, rule, run)
         elif isinstance(rule, DeadletterRule):
-            out += _deadletter_signals(con, rule)
+            out += _deadletter_signals(con, rule, run)
     return out
 
 
-def _freshness_signals(con: duckdb.DuckDBPyConnection, rule: FreshnessRule) -> list[Signal]:
+def _freshness_signals(
+    con: duckdb.DuckDBPyConnection, rule: FreshnessRule, run: Run
+) -> list[Signal]:
     """Spans where raw records were refined more than the rule's resolve threshold after the
     truth says they reached the broker, peaking above its threshold
     (:func:`services.bench.accuracy.input_timing` with the due time as the append time)."""
@@ -127,7 +149,7 @@ def _freshness_signals(con: duckdb.DuckDBPyConnection, rule: FreshnessRule) -> l
             {
                 "raw_partition": r["partition"],
                 "raw_offset": r["offset"],
-                "append_ms": r["due_true_ns"] // 1_000_000,
+                "append_ms": run.to_broker(r["due_true_ns"]) // 1_000_000,
             },
             int(r["ts"]),
         )
@@ -137,7 +159,8 @@ def _freshness_signals(con: duckdb.DuckDBPyConnection, rule: FreshnessRule) -> l
     _, lags, _ = input_timing(sends, acc, lambda t: {}, rule.above_ns / S, resolve / S)
     out = []
     for r in lags:
-        t0, t1 = int(r["t0_ns"]) - SLACK_NS, int(r["t1_ns"]) + SLACK_NS
+        t0 = run.to_true(int(r["t0_ns"])) - SLACK_NS
+        t1 = run.to_true(int(r["t1_ns"])) + SLACK_NS
 
         def ok(d: Detection, t0: int = t0, t1: int = t1) -> bool:
             return d.rule == rule.name and d.overlaps(t0, t1)
@@ -147,7 +170,9 @@ def _freshness_signals(con: duckdb.DuckDBPyConnection, rule: FreshnessRule) -> l
     return out
 
 
-def _deadletter_signals(con: duckdb.DuckDBPyConnection, rule: DeadletterRule) -> list[Signal]:
+def _deadletter_signals(
+    con: duckdb.DuckDBPyConnection, rule: DeadletterRule, run: Run
+) -> list[Signal]:
     """Spans where the dead letters the detector counts exceeded the rule's resolve rate over
     its window, at the raw records' broker arrival (their due time in the truth, when the
     detector counts them) or at the refiner's processing time (a burst of a backlog)."""
@@ -165,7 +190,7 @@ def _deadletter_signals(con: duckdb.DuckDBPyConnection, rule: DeadletterRule) ->
         per_s: dict[int, int] = {}
         for r in rows:
             if r[when] is not None:
-                sec = int(r[when]) // S
+                sec = (int(r[when]) if when == "arrived" else run.to_true(int(r[when]))) // S
                 per_s[sec] = per_s.get(sec, 0) + int(r["n"])
         signals += _hot_spans(per_s, rule, when)
     return signals
@@ -213,7 +238,7 @@ def score_run(
 ) -> tuple[AccuracyReport, list[Rule]]:
     rules = load_rules(rules_path, default_catalog())
     alerts, episodes = lake_detections(con, run, nodes)
-    explained = pipeline_signals(con, rules)
+    explained = pipeline_signals(con, rules, run)
     if not run.real_time:
         explained.insert(0, clock_not_judged())
         clocks = []  # no clock incident is expected either

@@ -157,6 +157,11 @@ def _write_truth(path: Path, speed: float | None) -> tuple[pa.Table, list[dict[s
     return samples, sends
 
 
+def _broker(true_ns: int, speed: float) -> int:
+    """A true time as the broker's (aligned) time of a run at ``speed``: the lake's times."""
+    return T0 + round((true_ns - T0) / speed)
+
+
 def _alert(rule: str, entity: str, at: int, node: str | None, **kw: Any) -> dict[str, Any]:
     return {
         "ts": at,
@@ -219,10 +224,11 @@ def _land_events_and_collectives(w: LakeWriter) -> None:
     w.land("collectives", pa.Table.from_pylist(colls), partition=0, first=0, last=0)
 
 
-def _land(lake: Path, samples: pa.Table, sends: list[dict[str, Any]]) -> None:
+def _land(lake: Path, samples: pa.Table, sends: list[dict[str, Any]], speed: float) -> None:
     """The lake of a run with defects: one good sample lost, one landed twice, one made up,
     one bad sample landed (made up too), 3 samples of n01|gpu 50 ms off with a 1 ms bound;
-    one event and every collective landed; the refiner 45 s behind for seconds 20-29."""
+    one event and every collective landed; the refiner 45 s behind for seconds 20-29; times on
+    the broker's clock, which a run faster than real time runs behind the true one."""
     w = LakeWriter(lake)
     w.ensure_seeds()
     good = samples.to_pylist()
@@ -260,7 +266,7 @@ def _land(lake: Path, samples: pa.Table, sends: list[dict[str, Any]]) -> None:
     _land_events_and_collectives(w)
     acc = [
         {
-            "ts": s["due_true_ns"] + (45 * S if 20 <= s["seq"] < 30 else S // 2),
+            "ts": _broker(s["due_true_ns"], speed) + (45 * S if 20 <= s["seq"] < 30 else S // 2),
             "raw_topic": "telemetry.raw",
             "raw_partition": s["partition"],
             "raw_offset": s["offset"],
@@ -278,15 +284,15 @@ def _land(lake: Path, samples: pa.Table, sends: list[dict[str, Any]]) -> None:
         _alert(
             "gpu_xid",
             "n02/gpu2",
-            T0 + 12 * S,
+            _broker(T0 + 12 * S, speed),
             "n02",
             device="gpu2",
             evidence=json.dumps({"code": 79}),
         ),
-        _alert("exporter_silent", "n03|nic|0", T0 + 25 * S, "n03"),  # false: it kept sending
-        _alert("refined_freshness", "pipeline", T0 + 60 * S, None),  # true: 45 s behind
-        _alert("clock_offset", "n01|gpu|0", T0 + 5 * S, "n01"),  # false: every clock synced
-        _alert("deadletter_rate", "pipeline", T0 + 7 * S, None),  # true: the burst
+        _alert("exporter_silent", "n03|nic|0", _broker(T0 + 25 * S, speed), "n03"),  # false
+        _alert("refined_freshness", "pipeline", _broker(T0 + 60 * S, speed), None),  # 45 s behind
+        _alert("clock_offset", "n01|gpu|0", _broker(T0 + 5 * S, speed), "n01"),  # clocks synced
+        _alert("deadletter_rate", "pipeline", _broker(T0 + 7 * S, speed), None),  # the burst
     ]
     w.land("alerts", pa.Table.from_pylist(alerts), partition=0, first=0, last=0)
 
@@ -295,7 +301,7 @@ def _land(lake: Path, samples: pa.Table, sends: list[dict[str, Any]]) -> None:
 def test_verify_names_every_defect(tmp_path: Path, speed: float) -> None:
     truth = tmp_path / "truth.parquet"
     samples, sends = _write_truth(truth, speed)
-    _land(tmp_path / "lake", samples, sends)
+    _land(tmp_path / "lake", samples, sends, speed)
     v = verify(tmp_path / "lake", truth)
     s = v.data["samples"]
     good = sum(1 for r in samples.column("expected_reason").to_pylist() if r is None)
