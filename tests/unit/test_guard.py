@@ -206,3 +206,13 @@ def test_property_poison_anywhere_in_any_grouping_fails_alone(
     want = clean.process_group(good, NOW + 60 * S)
     assert _rows(outs).equals(_rows(want))
     assert _state(r) == _state(clean)
+
+
+def test_undo_knows_every_part_of_the_refine_state() -> None:
+    """Fails when RefineState gains a field: ``Undo`` (services/worker/guard.py) must put it
+    back after a failed attempt, or say here why it need not (a cache)."""
+    from pipelines.refine import RefineState
+
+    put_back = {"seqs", "clocks", "counters", "overlaps", "watermarks"}
+    caches = {"decoders", "layouts", "shared_layouts", "counter_layouts"}
+    assert {f.name for f in dataclasses.fields(RefineState)} == put_back | caches
