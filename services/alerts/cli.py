@@ -31,6 +31,9 @@ def cmd_alerts_tail(args: argparse.Namespace, settings: RefinerySettings) -> int
 
 
 def cmd_alerts_forward(args: argparse.Namespace, settings: RefinerySettings) -> int:
+    from services.kafka_log import require_cluster
+
+    require_cluster(settings.kafka().librdkafka())  # first contact: one line, exit 1
     ws = WebhookSettings(
         url=args.webhook,
         topic=args.topic,

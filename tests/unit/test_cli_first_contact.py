@@ -42,6 +42,9 @@ COMMANDS = {
     "detect": ["detect", "--group", "first-contact"],
     "land": ["land", "--once-idle", "5"],
     "alerts": ["alerts", "tail"],
+    "alerts-forward": ["alerts", "forward", "--webhook", "http://127.0.0.1:9/alerts"],
+    "export-nccl": ["export", "nccl", "--inspector-dir", ".", "--job", "j1", "--once"],
+    "simulate": ["simulate", "--nodes", "1", "--duration", "2", "--seed", "1", "--speed", "0"],
 }
 
 
