@@ -58,7 +58,7 @@ def _start_offsets(c: Consumer, topic: str, opts: TailOptions) -> tuple[list[Any
     md = c.list_topics(topic, timeout=10)
     t = md.topics.get(topic)
     if t is None or t.error is not None or not t.partitions:
-        raise ValueError(f"topic {topic!r} does not exist")
+        raise ValueError(f"topic {topic!r} does not exist, or this principal may not describe it")
     tps, ends = [], {}
     for p in sorted(t.partitions):
         lo, hi = c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)

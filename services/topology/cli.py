@@ -62,7 +62,7 @@ def publish(
         if err is None:
             acked[0] += 1
         else:
-            errors.append(str(err))
+            errors.append(err.str())
 
     sent = 0
     for key, value in records:
@@ -79,7 +79,10 @@ def publish(
     left = producer.flush(timeout)
     if left or errors or acked[0] != sent:
         first = errors[0] if errors else f"{left} not acknowledged within {timeout:g}s"
-        raise TransientError(f"{topic}: {acked[0]}/{sent} records acknowledged ({first})")
+        raise TransientError(
+            f"{topic}: {acked[0]}/{sent} records acknowledged by Kafka at "
+            f"{kafka.bootstrap_servers} ({first})"
+        )
     return acked[0]
 
 

@@ -242,6 +242,19 @@ def test_a_refusing_cluster_is_one_line_naming_the_address_and_the_cause(secure:
     assert denied.returncode == 1 and len(lines) == 1 and "Traceback" not in denied.stderr
     assert "ACL" in lines[0] or "uthoriz" in lines[0], lines
     secure.outputs += [denied.stdout, denied.stderr]
+    # a principal that may not write what it publishes: said once, exit 1, not dropped silently
+    jobs = secure.data_dir / "jobs.json"
+    jobs.write_text('[{"job": "acl-j1", "start_ns": 0, "nodes": ["n1"]}]')
+    for argv, principal in (
+        (("jobs", "publish", str(jobs)), "refinery-exporter"),
+        (("export", "node", "--once", "--no-gpu", "--no-clock"), "refinery-alerts"),
+    ):
+        out = cli(*argv, env=secure.env(principal), timeout=90)
+        lines = out.stderr.strip().splitlines()
+        assert out.returncode == 1 and len(lines) == 1, (argv, out.stderr[-2000:])
+        assert f"Kafka at {secure.bootstrap}" in lines[0], lines
+        assert "Topic authorization failed" in lines[0], lines
+        secure.outputs += [out.stdout, out.stderr]
 
 
 def _watermarks(conf: dict[str, Any], topic: str, deadline_s: float = 60.0) -> int:
