@@ -26,6 +26,7 @@ import pyarrow as pa
 from schemas.catalog import default_catalog
 from schemas.errors import ConfigError
 from schemas.wire import ClockBlock, Envelope, PayloadKind, SourceId
+from services.exporters.refused import Refusals
 from services.producer import initial_seq
 from services.settings import RefinerySettings
 from services.telemetry import ServiceTelemetry
@@ -71,6 +72,7 @@ class BatchSink:
         self._settings = settings
         self._producers: dict[str, Any] = {}
         self.seq = initial_seq()
+        self.refused = Refusals("export", settings.kafka().bootstrap_servers)
         if not stdout:  # first contact: one line and exit 1 when the cluster cannot be used
             from services.kafka_log import require_cluster
 
@@ -94,7 +96,9 @@ class BatchSink:
         if topic not in self._producers:
             from services.producer import BatchProducer
 
-            self._producers[topic] = BatchProducer(self._settings.kafka(), topic=topic)
+            self._producers[topic] = BatchProducer(
+                self._settings.kafka(), topic=topic, on_delivery=self.refused.for_topic(topic)
+            )
         env = Envelope(
             kind=kind,
             source=self.source,
@@ -120,8 +124,9 @@ class BatchSink:
                 p.poll(0)
 
     def close(self) -> int:
-        """Flush every producer; returns how many batches stayed unacknowledged."""
-        return sum(int(p.close()) for p in self._producers.values())
+        """Flush every producer; returns how many batches stayed unacknowledged or were
+        refused by the cluster."""
+        return sum(int(p.close()) for p in self._producers.values()) + self.refused.count
 
 
 def _sources(args: argparse.Namespace) -> list[Any]:

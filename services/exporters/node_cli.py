@@ -28,6 +28,7 @@ from schemas.codec import ARROW, JSON, encode
 from schemas.errors import ConfigError, RefineryError
 from services.exporters.netdev import NetdevFacts, boot_time_ns
 from services.exporters.node import NodeCollector, node_source
+from services.exporters.refused import Refusals
 from services.settings import RefinerySettings
 
 RAW_TOPIC = "telemetry.raw"
@@ -90,7 +91,7 @@ def cmd_export_node(args: argparse.Namespace, settings: RefinerySettings) -> int
     if collector.gpu_reason and not args.no_gpu:
         print(f"refinery export node: no GPU metrics: {collector.gpu_reason}", file=sys.stderr)
     producer: Any = None
-    refused = _Refusals(args.topic, settings.kafka().bootstrap_servers)
+    refused = Refusals("export node", settings.kafka().bootstrap_servers)
     if not args.stdout:
         from services.kafka_log import require_cluster
         from services.producer import BatchProducer
@@ -100,7 +101,7 @@ def cmd_export_node(args: argparse.Namespace, settings: RefinerySettings) -> int
             settings.kafka(),
             topic=args.topic,
             content_type=JSON if args.json else ARROW,
-            on_delivery=refused.delivered,
+            on_delivery=refused.for_topic(args.topic),
         )
     interval_ns = int(interval_s * 1e9)
     next_at = time.monotonic()
@@ -138,29 +139,6 @@ def cmd_export_node(args: argparse.Namespace, settings: RefinerySettings) -> int
         collector.close()
         left = producer.close() if producer is not None else 0
     return 1 if refused.count or left else 0
-
-
-class _Refusals:
-    """Batches the cluster refused for good (not authorized, too large): one stderr line per
-    distinct reason, so a wrong principal is said, not silently dropped; exit 1 then."""
-
-    def __init__(self, topic: str, bootstrap: str) -> None:
-        self.topic, self.bootstrap = topic, bootstrap
-        self.count = 0
-        self._said: set[str] = set()
-
-    def delivered(self, _tag: str, err: Any, _partition: int, _offset: int) -> None:
-        if err is None or err.retriable():
-            return
-        self.count += 1
-        reason = err.str()
-        if reason not in self._said:
-            self._said.add(reason)
-            print(
-                f"refinery export node: Kafka at {self.bootstrap} refused a batch for "
-                f"{self.topic}: {reason}",
-                file=sys.stderr,
-            )
 
 
 def _publish_facts(facts: NetdevFacts, settings: RefinerySettings, topic: str) -> None:

@@ -41,6 +41,7 @@ from services.topics import watermarks
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[2]
 WORKER_ARGS = ("--loglevel", "info", "--data-dir")
+KMSG = REPO / "tests" / "fixtures" / "real-data" / "logs" / "gpud-kmsg.1.log"  # XIDs: events
 
 
 def cli(*args: str, env: dict[str, str] | None = None, timeout: float = 180) -> Any:
@@ -248,6 +249,7 @@ def test_a_refusing_cluster_is_one_line_naming_the_address_and_the_cause(secure:
     for argv, principal in (
         (("jobs", "publish", str(jobs)), "refinery-exporter"),
         (("export", "node", "--once", "--no-gpu", "--no-clock"), "refinery-alerts"),
+        (("export", "firmware", "--kmsg", str(KMSG), "--once"), "refinery-alerts"),
     ):
         out = cli(*argv, env=secure.env(principal), timeout=90)
         lines = out.stderr.strip().splitlines()
