@@ -201,8 +201,11 @@ def on_entity(rule: str, entity: str, t0: int, t1: int) -> Callable[[Detection],
     return lambda d: d.rule == rule and d.entity == entity and d.overlaps(t0, t1)
 
 
-def incident_signals(row: Mapping[str, Any], slack_ns: int) -> list[Signal]:
-    """The signals one truth incident row should or may produce."""
+def incident_signals(
+    row: Mapping[str, Any], slack_ns: int, for_ns: Mapping[str, int] | None = None
+) -> list[Signal]:
+    """The signals one truth incident row should or may produce. ``for_ns``: each rule's
+    ``for`` duration; an incident shorter than its rule's cannot fire it (not required)."""
     kind, iid = str(row["kind"]), str(row["id"])
     t0, t1 = int(row["start_ns"]) - slack_ns, int(row["end_ns"]) + slack_ns
     node, dev, det = row.get("node"), row.get("device"), _detail(row)
@@ -222,8 +225,10 @@ def incident_signals(row: Mapping[str, Any], slack_ns: int) -> list[Signal]:
         return [sig("gpu_xid", gpu, True, xid)]
     if kind == "throttle":
         rule = THROTTLE_RULE.get(str(det.get("cause")), "gpu_thermal_throttle")
+        lasts = int(row["end_ns"]) - int(row["start_ns"])
+        long_enough = lasts >= (for_ns or {}).get(rule, 0)
         out = [
-            sig(rule, gpu, True, on_entity(rule, gpu, t0, t1)),
+            sig(rule, gpu, long_enough, on_entity(rule, gpu, t0, t1)),
             sig("episode:throttling", gpu, True, on_entity("episode:throttling", gpu, t0, t1)),
         ]
         if rule == "gpu_thermal_throttle":  # the die heats past 85 degC: true, not required
@@ -320,15 +325,17 @@ def score(
     clock_band_ns: int = 50_000_000,
     interval_ns: int = S,
     explained: Iterable[Signal] = (),
+    for_ns: Mapping[str, int] | None = None,
 ) -> AccuracyReport:
     """Score alerts and episodes of a run ``[start, end)`` (true ns) against its truth.
     Incidents starting at or after ``end`` never happened and are dropped. A detection no
     incident explains but one of ``explained`` (e.g. :func:`services.bench.accuracy.
     run_signals`) does is listed in
-    ``excluded`` with the reason, and scored neither way."""
+    ``excluded`` with the reason, and scored neither way. ``for_ns``: each rule's ``for``
+    duration (an incident shorter than its rule's is not expected to fire it)."""
     end = run[1]
     happened = [i for i in incidents if int(i["start_ns"]) < end]
-    signals = [s for i in happened for s in incident_signals(i, slack_ns)]
+    signals = [s for i in happened for s in incident_signals(i, slack_ns, for_ns)]
     signals += clock_signals(clocks, run, slack_ns, clock_band_ns)
     dets, excluded = [], []
     for d in detections(alerts, episodes):

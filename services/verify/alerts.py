@@ -251,6 +251,7 @@ def score_run(
         slack_ns=SLACK_NS,
         interval_ns=run.interval_ns,
         explained=explained,
+        for_ns={r.name: int(getattr(r, "for_ns", 0) or 0) for r in rules},
     )
     return report, rules
 

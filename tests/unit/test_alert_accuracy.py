@@ -223,3 +223,18 @@ def test_input_timing_finds_late_sources_and_refiner_lag() -> None:
                      "late_s": 1.5}]  # fmt: skip
     assert lags == [{"t0_ns": 50 * S, "t1_ns": 50 * S, "lag_s": 46.999}]
     assert stats["publish_late_max_s"] == 1.5
+
+
+def test_a_throttle_shorter_than_its_rules_for_is_not_expected_to_fire_it() -> None:
+    power = {"bits": 132, "cause": "power"}
+    inc = [incident("throttle", 12, 17, node="n0", device="gpu7", detail=power)]
+    ep = episode("throttling", "n0/gpu7", 12.5, 17)
+    for_ns = {"gpu_power_throttle": 10 * S}
+    r = score(inc, [], [], [ep], RUN, for_ns=for_ns)
+    assert (r.incident_recall, r.missed) == (1.0, [])
+    fired = alert("gpu_power_throttle", "n0/gpu7", 12)  # fires anyway: still true
+    r = score(inc, [], [fired], [ep], RUN, for_ns=for_ns)
+    assert (r.precision, r.true_positive) == (1.0, 2)
+    longer = [incident("throttle", 12, 30, node="n0", device="gpu7", detail=power)]
+    r = score(longer, [], [], [ep], RUN, for_ns=for_ns)
+    assert [m["signal"] for m in r.missed] == ["gpu_power_throttle"]
