@@ -5,9 +5,10 @@ batches are summarized with one ``group_by`` per refined table (per source and `
 count, sum, min, max of the values, max aligned ts, raw partition and offset), so the
 per-batch Python is per source, never per sample.
 
-Silence is judged on the pipeline's own progress, in the broker's time. Per raw partition,
+Silence is judged on the pipeline's own progress, in the broker's time. Per raw topic and
+partition,
 :class:`PartitionProgress` holds the broker append time of every raw record the refiner has
-accounted for (``telemetry.accounting``, :meth:`RuleEngine.on_progress`); per node,
+accounted for (``telemetry.accounting``, :meth:`RuleEngine.on_progress`); per raw topic and node,
 :class:`NodeProgress` how far its records are accounted for and how far its refined rows have
 been read (a node's rows come in raw order, whichever refined partition carries them). A
 source's partition has *reached* the newest accounted append time when every accounted record
@@ -64,6 +65,7 @@ class SourceState:
     interval_ns: int = 0  # learned scrape interval (EWMA of batch-to-batch gaps)
     fingerprint: list[float] = field(default_factory=list)
     repeats: int = 0
+    topic: str = ""  # raw topic of its records (telemetry.raw or an ingest topic)
     partition: int = -1  # raw partition of its records (-1: not known)
     offset: int = -1  # raw offset of its newest record
 
@@ -139,7 +141,7 @@ def _fire(
 
 def summarize_batches(table: pa.Table) -> list[dict[str, Any]]:
     """One row per (source, seq) of a refined table, in time order: source, ts, n, sum,
-    min, max of ``value``, raw partition and newest raw offset."""
+    min, max of ``value``, raw topic ("": not carried), partition and newest raw offset."""
     if table.num_rows == 0:
         return []
     key = pc.binary_join_element_wise(
@@ -149,7 +151,13 @@ def summarize_batches(table: pa.Table) -> list[dict[str, Any]]:
     t = t.append_column("value", column(table, "value"))
     t = t.append_column("raw_partition", column(table, "raw_partition"))
     t = t.append_column("raw_offset", column(table, "raw_offset"))
-    g = t.group_by(["source", "seq"]).aggregate(
+    topic = (
+        pc.fill_null(column(table, "raw_topic"), "")
+        if "raw_topic" in table.column_names
+        else pa.repeat(pa.scalar("", pa.string()), table.num_rows)
+    )
+    t = t.append_column("raw_topic", topic)
+    g = t.group_by(["source", "seq", "raw_topic"]).aggregate(
         [
             ("ts", "max"),
             ("value", "count"),
@@ -171,20 +179,25 @@ def observe_sources(
     frozen: list[FrozenRule],
     book: AlertBook,
     now_ns: int,
-    nodes: dict[str, NodeProgress] | None = None,
+    nodes: dict[tuple[str, str], NodeProgress] | None = None,
+    raw_topic: str = "",
 ) -> list[Alert]:
     """Update per-source state from batch summaries; resolves silent alerts of sources that
     speak again, fires/resolves frozen alerts. ``nodes``: how far each node's refined rows
-    read have come (updated here)."""
+    of each raw topic read have come (updated here); ``raw_topic``: the topic of rows that
+    do not name theirs."""
     out: list[Alert] = []
     for r in rows:
         src, ts = r["source"], int(r["ts_max"])
         st = sources.setdefault(src, SourceState())
         part, off = r.get("raw_partition_max"), r.get("raw_offset_max")
         if part is not None and off is not None:
+            topic = r.get("raw_topic") or raw_topic
+            if topic != st.topic:  # offsets of another topic: not comparable
+                st.topic, st.offset = topic, -1
             st.partition, st.offset = int(part), max(st.offset, int(off))
             if nodes is not None:
-                np_ = nodes.setdefault(_entity_node(src), NodeProgress())
+                np_ = nodes.setdefault((topic, _entity_node(src)), NodeProgress())
                 np_.refined = max(np_.refined, st.offset)
         for rule in silent:  # it spoke, whatever its clock says of the time
             a = book.resolve(rule.name, src, max(ts, st.last_ts), now_ns)
@@ -232,8 +245,8 @@ def _frozen(
 def _quiet(
     src: str,
     st: SourceState,
-    progress: dict[int, PartitionProgress],
-    nodes: dict[str, NodeProgress],
+    progress: dict[tuple[str, int], PartitionProgress],
+    nodes: dict[tuple[str, str], NodeProgress],
     now_ns: int,
 ) -> tuple[int, int] | None:
     """(how long the source has been quiet, since when) on its partition's progress in broker
@@ -241,7 +254,8 @@ def _quiet(
     empty); None: not judged now."""
     if not progress:
         return (now_ns - st.last_ts, st.last_ts) if st.last_ts else None
-    pp, np_ = progress.get(st.partition), nodes.get(_entity_node(src))
+    pp = progress.get((st.topic, st.partition))
+    np_ = nodes.get((st.topic, _entity_node(src)))
     if pp is None or np_ is None or st.offset < 0:
         return None
     # every accounted record of its node read refined: the partition's newest, else its node's
@@ -258,8 +272,8 @@ def tick_silent(
     rules: list[SilentRule],
     book: AlertBook,
     now_ns: int,
-    progress: dict[int, PartitionProgress] | None = None,
-    nodes: dict[str, NodeProgress] | None = None,
+    progress: dict[tuple[str, int], PartitionProgress] | None = None,
+    nodes: dict[tuple[str, str], NodeProgress] | None = None,
 ) -> list[Alert]:
     """Fire for sources quiet for ``intervals`` intervals: their raw partition was refined
     and read that much broker time past their newest record (see the module)."""

@@ -8,7 +8,7 @@ What the Faust shim calls (all pure; time is always passed in, never read)::
     alerts = engine.on_events(events_table, now_ns, node=envelope_node)  # telemetry.events
     alerts = engine.on_clock([ClockStatus(...)], now_ns)   # per refiner clock estimate
     engine.on_deadletters(n, now_ns)                    # per dead-letter batch
-    engine.on_progress(partition, offset, append_ns, node, rows)  # per raw record accounted
+    engine.on_progress(partition, offset, append_ns, node, rows, topic)  # per record accounted
     alerts = engine.tick(now_ns)                        # every second or so
     table_value = engine.to_dict()                      # JSON-able, for a Faust table
 
@@ -96,8 +96,8 @@ class RuleEngine:
         self.raw_topic = raw_topic
         self.book = AlertBook()
         self.sources: dict[str, SourceState] = {}
-        self.progress: dict[int, PartitionProgress] = {}  # per raw partition
-        self.nodes: dict[str, NodeProgress] = {}
+        self.progress: dict[tuple[str, int], PartitionProgress] = {}  # per topic, partition
+        self.nodes: dict[tuple[str, str], NodeProgress] = {}  # per raw topic and node
         self.deadletters = DeadletterWindow()
         self.last_values: dict[str, dict[str, float]] = {}  # sample-borne events per rule
         self._fields: dict[str, str] = {}
@@ -152,6 +152,7 @@ class RuleEngine:
                 self.book,
                 now_ns,
                 self.nodes,
+                self.raw_topic,
             )
         out += eval_freshness(refined, self._fresh, self.book, now_ns)
         return out
@@ -188,14 +189,18 @@ class RuleEngine:
         append_ns: int,
         node: str | None = None,
         rows: bool = False,
+        topic: str | None = None,
     ) -> None:
         """The refiner accounted for the raw record at ``(partition, offset)`` of the raw
         topic, appended by the broker at ``append_ns``, a batch of ``node`` that gave refined
         rows when ``rows``: silence is judged on this progress (:mod:`pipelines.rule_health`).
-        Records of a partition arrive in offset order."""
-        self.progress.setdefault(partition, PartitionProgress()).accounted(offset, append_ns)
+        Records of a partition arrive in offset order. ``topic``: the raw topic (None: the
+        engine's)."""
+        topic = topic or self.raw_topic
+        pp = self.progress.setdefault((topic, partition), PartitionProgress())
+        pp.accounted(offset, append_ns)
         if node is not None and rows:
-            np_ = self.nodes.setdefault(node, NodeProgress())
+            np_ = self.nodes.setdefault((topic, node), NodeProgress())
             np_.accounted = max(np_.accounted, offset)
 
     def on_deadletters(self, count: int, now_ns: int) -> None:

@@ -173,10 +173,15 @@ class DetectCore:
         judged on it) and its dead letters, at the raw record's broker append time."""
         append = doc.get("append_ms")
         at = now if append is None else int(append) * 1_000_000
-        if append is not None and doc.get("raw_topic") == self.detector.engine.raw_topic:
+        if append is not None:  # every raw topic: telemetry.raw and the ingest topics
             rows = doc.get("outcome") == "refined" and bool(doc.get("refined_samples"))
             self.detector.on_progress(
-                int(doc["raw_partition"]), int(doc["raw_offset"]), at, doc.get("node"), rows
+                int(doc["raw_partition"]),
+                int(doc["raw_offset"]),
+                at,
+                doc.get("node"),
+                rows,
+                doc.get("raw_topic"),
             )
         if doc.get("outcome") == "deadletter" or doc.get("quarantined_samples"):
             n = 1 if doc.get("outcome") == "deadletter" else int(doc["quarantined_samples"])

@@ -126,11 +126,17 @@ class Detector:
         self.engine.on_deadletters(count, now_ns)
 
     def on_progress(
-        self, partition: int, offset: int, append_ns: int, node: str | None, rows: bool
+        self,
+        partition: int,
+        offset: int,
+        append_ns: int,
+        node: str | None,
+        rows: bool,
+        topic: str | None = None,
     ) -> None:
-        """The refiner accounted for a raw record (of ``node``, with refined ``rows``):
-        silence is judged on this progress."""
-        self.engine.on_progress(partition, offset, append_ns, node, rows)
+        """The refiner accounted for a raw record (of ``node``, with refined ``rows``, on raw
+        ``topic``): silence is judged on this progress."""
+        self.engine.on_progress(partition, offset, append_ns, node, rows, topic)
 
     def tick(self, now_ns: int) -> Emitted:
         """Time-driven changes, judged on data time (the watermark), so that catching up on

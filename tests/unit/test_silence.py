@@ -224,3 +224,58 @@ def test_rows_of_one_raw_partition_all_count_however_its_nodes_interleave() -> N
     assert kept(0, 1, rec("n02", 11, 15, 19)) == 3  # interleaves with n00's: all new
     assert kept(0, 2, rec("n00", 10, 14, 18)) == 0  # the refiner's replay of n00's
     assert kept(0, 3, rec("n00", 14, 18, 22)) == 1  # a replay that goes on
+
+
+def test_an_ingest_topics_offsets_are_its_own() -> None:
+    """A node's exporter on telemetry.raw and its Influx source on an ingest topic, both
+    sending every second: partition 0 of each has offsets of its own (the raw one far ahead)."""
+    from pipelines.rule_config import load_rules
+    from pipelines.rules import RuleEngine
+    from services.detect.detector import DEFAULT_RULES
+
+    cat = default_catalog()
+    e = RuleEngine(load_rules(DEFAULT_RULES, cat), cat, raw_topic="telemetry.raw")
+    out: list[Any] = []
+    for sec in range(40):
+        for topic, exp, off in (
+            ("telemetry.raw", "node", 1000 + 3 * sec),
+            ("ingest.influx", "influx", sec),
+        ):
+            at = T0 + sec * S + (S // 3 if exp == "influx" else 0)
+            e.on_progress(0, off, at, "n1", True, topic)
+            row = {
+                "node": "n1",
+                "device": "node",
+                "metric": "mem.available_bytes",
+                "ts": at,
+                "value": 5e11 + sec,
+                "exporter": exp,
+                "seq": sec,
+                "raw_partition": 0,
+                "raw_offset": off,
+                "raw_topic": topic,
+            }
+            out += e.evaluate(refined([row]), at)
+        e.on_progress(0, 1000 + 3 * sec + 2, T0 + sec * S + S // 2, "n2", False)  # another node
+        out += e.tick(T0 + sec * S + S // 2)
+    assert out == []
+    for sec in range(40, 50):  # the Influx source stops; the raw one goes on
+        e.on_progress(0, 1000 + 3 * sec, T0 + sec * S, "n1", True, "telemetry.raw")
+        row = {
+            "node": "n1",
+            "device": "node",
+            "metric": "mem.available_bytes",
+            "ts": T0 + sec * S,
+            "value": 5e11 + sec,
+            "exporter": "node",
+            "seq": sec,
+            "raw_partition": 0,
+            "raw_offset": 1000 + 3 * sec,
+            "raw_topic": "telemetry.raw",
+        }
+        out += e.evaluate(refined([row]), T0 + sec * S)
+        e.on_progress(0, 40 + sec, T0 + sec * S, "n9", False, "ingest.influx")  # others there
+        out += e.tick(T0 + sec * S + S // 2)
+    assert [(a.rule, a.entity, a.state.value) for a in out] == [
+        ("exporter_silent", "n1|influx|0", "firing")
+    ]
