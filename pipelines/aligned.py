@@ -28,6 +28,7 @@ def _lineage_fields() -> list[pa.Field]:
         pa.field("seq", pa.int64(), nullable=False),
         pa.field("raw_partition", pa.int32(), nullable=False),
         pa.field("raw_offset", pa.int64(), nullable=False),
+        pa.field("raw_topic", pa.string()),  # NULL (older rows): telemetry.raw
     ]
 
 
@@ -47,8 +48,11 @@ ALIGNED_SCHEMAS = {
 }
 
 
-def align_records(batch: Batch, estimate: ClockEstimate, position: tuple[int, int]) -> pa.Table:
-    """The batch's rows on the common clock, with lineage. ``ts = ts_source - offset``."""
+def align_records(
+    batch: Batch, estimate: ClockEstimate, position: tuple[int, int], topic: str | None = None
+) -> pa.Table:
+    """The batch's rows on the common clock, with lineage: read from ``topic`` at
+    ``position`` (partition, offset). ``ts = ts_source - offset``."""
     env = batch.envelope
     t = batch.table
     n = t.num_rows
@@ -75,6 +79,7 @@ def align_records(batch: Batch, estimate: ClockEstimate, position: tuple[int, in
         "seq": pa.repeat(pa.scalar(env.seq, pa.int64()), n),
         "raw_partition": pa.repeat(pa.scalar(position[0], pa.int32()), n),
         "raw_offset": pa.repeat(pa.scalar(position[1], pa.int64()), n),
+        "raw_topic": pa.repeat(pa.scalar(topic, pa.string()), n),
     }
     if env.kind is PayloadKind.COLLECTIVES:
         end = t.column("end_ns")

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pyarrow as pa
@@ -129,14 +129,17 @@ class RefineResult:
 
 @dataclass(frozen=True)
 class RawBatch:
-    """One decoded samples batch to refine: read at ``position`` (partition, offset), appended
-    by the broker at ``log_append_ns``."""
+    """One decoded samples batch to refine: read from ``topic`` at ``position`` (partition,
+    offset), appended by the broker at ``log_append_ns``."""
 
     batch: Batch
     position: Position
     log_append_ns: int
     # False: ``log_append_ns`` is the producer's CreateTime; no clock is aligned on it
     log_append: bool = True
+    # the raw topic (telemetry.raw or an ingest topic: each has positions of its own); None:
+    # not told, the rows' raw_topic is NULL (read as telemetry.raw)
+    topic: str | None = None
 
 
 def refine_batch(
@@ -148,11 +151,13 @@ def refine_batch(
     topology: TopologyIndex,
     now_ns: int,
     settings: RefineSettings = RefineSettings(),
+    topic: str | None = None,
 ) -> RefineResult:
-    """Refine one decoded samples batch read at ``position`` (partition, offset) with broker
-    append time ``log_append_ns``. Updates ``state`` in place; never does I/O; raises only
-    on a bug (the accounting assertion). Same as :func:`refine_group` of one batch."""
-    item = RawBatch(batch, position, log_append_ns)
+    """Refine one decoded samples batch read from ``topic`` at ``position`` (partition,
+    offset) with broker append time ``log_append_ns``. Updates ``state`` in place; never does
+    I/O; raises only on a bug (the accounting assertion). Same as :func:`refine_group` of one
+    batch."""
+    item = RawBatch(batch, position, log_append_ns, topic=topic)
     return refine_group([item], state, catalog, topology, now_ns, settings)[0]
 
 
@@ -400,7 +405,9 @@ def _layout(state: RefineState, x: _Live) -> LayoutCache:
     return layout
 
 
-_SOURCE_COLUMNS = ("exporter", "instance", "boot_id", "seq", "raw_partition", "raw_offset")
+_SOURCE_COLUMNS = (
+    "exporter", "instance", "boot_id", "seq", "raw_partition", "raw_offset", "raw_topic"
+)  # fmt: skip
 
 
 def _per_batch(live: list[_Live], marks: list[int | None], counts: Any) -> pa.Table:
@@ -430,6 +437,7 @@ def _per_batch(live: list[_Live], marks: list[int | None], counts: Any) -> pa.Ta
             "seq": rep([x.item.batch.envelope.seq for x in live], np.int64),
             "raw_partition": rep([x.item.position[0] for x in live], np.int32),
             "raw_offset": rep([x.item.position[1] for x in live], np.int64),
+            "raw_topic": _repeat_topics([x.item.topic for x in live], counts),
             "clock_offset_ns": rep([c.offset_ns for c in clocks], np.int64),
             "clock_error_ns": rep([c.error_ns for c in clocks], np.int64),
             "anchor_ns": rep([c.anchor_ns for c in clocks], np.int64),
@@ -439,6 +447,15 @@ def _per_batch(live: list[_Live], marks: list[int | None], counts: Any) -> pa.Ta
             "floor": floor,
         }
     )
+
+
+def _repeat_topics(topics: list[str | None], counts: Any) -> Any:
+    """The raw topic of each batch repeated over its rows (NULL where not told)."""
+    if None not in topics:
+        return repeat_strings(cast(list[str], topics), counts)
+    if all(t is None for t in topics):
+        return pa.nulls(int(np.sum(counts)), pa.string())
+    return pa.array(np.repeat(np.array(topics, dtype=object), counts), pa.string())
 
 
 def _align_rows(ts_source: Any, clocks: list[ClockEstimate], per: pa.Table) -> tuple[Any, Any]:

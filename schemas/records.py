@@ -74,6 +74,9 @@ REFINED_SCHEMA = pa.schema(
         pa.field("seq", pa.int64(), nullable=False),
         pa.field("raw_partition", pa.int32(), nullable=False),
         pa.field("raw_offset", pa.int64(), nullable=False),
+        # the topic of that partition and offset: telemetry.raw or an ingest topic, each with
+        # positions of its own. NULL in rows written before it was carried: telemetry.raw
+        pa.field("raw_topic", pa.string()),
     ]
 )
 

@@ -103,11 +103,11 @@ class DetectCore:
         self.topics = topics
         self.detector = detector
         self.telemetry = telemetry
-        # (raw partition, node) -> highest raw offset seen: a node's rows come in raw order
-        # (the refiner sends one node's rows of a group as one message); the nodes of a raw
-        # partition interleave in it, and may be spread over several refined partitions read
-        # at paces of their own
-        self._raw_seen: dict[tuple[int, str], int] = {}
+        # (raw topic, raw partition, node) -> highest raw offset seen: a node's rows come in
+        # raw order (the refiner sends one node's rows of a group as one message); the nodes
+        # of a raw partition interleave in it, and may be spread over several refined
+        # partitions read at paces of their own. Each raw topic has offsets of its own.
+        self._raw_seen: dict[tuple[str, int, str], int] = {}
         self._next: dict[int, int] = {}  # refined partition -> next offset to read
         self._latest: dict[int, int] = {}  # refined partition -> newest aligned ts read
         self._topology_version = -1
@@ -200,21 +200,25 @@ class DetectCore:
         self._latest[partition] = max(self._latest.get(partition, newest), newest)
         raw_part, raw_off = table.column("raw_partition"), table.column("raw_offset")
         node = str(table.column("node")[0].as_py())
+        topic = _raw_topics(table)
         lo, hi = pc.min_max(raw_part).values()
-        if lo.as_py() == hi.as_py():  # the usual case: a node's records share a raw partition
-            return self._unseen(table, (int(lo.as_py()), node), raw_off)
+        if lo.as_py() == hi.as_py() and isinstance(topic, str):
+            # the usual case: a node's records share a raw topic and partition
+            return self._unseen(table, (topic, int(lo.as_py()), node), raw_off)
+        topics = pa.repeat(pa.scalar(topic), table.num_rows) if isinstance(topic, str) else topic
+        lanes = pa.table({"t": topics, "p": raw_part}).group_by(["t", "p"]).aggregate([])
         parts = []
-        for p in pc.unique(raw_part).to_pylist():
-            sub = table.filter(pc.equal(raw_part, p))
-            kept = self._unseen(sub, (int(p), node), sub.column("raw_offset"))
+        for t, p in zip(lanes.column("t").to_pylist(), lanes.column("p").to_pylist(), strict=True):
+            sub = table.filter(pc.and_(pc.equal(topics, t), pc.equal(raw_part, p)))
+            kept = self._unseen(sub, (str(t), int(p), node), sub.column("raw_offset"))
             if kept is not None:
                 parts.append(kept)
         return pa.concat_tables(parts) if parts else None
 
-    def _unseen(self, table: pa.Table, lane: tuple[int, str], raw_off: Any) -> pa.Table | None:
-        """The rows of ``table`` (all of one node's records on one raw partition: ``lane``)
-        above the highest raw offset seen there; that high mark moves to the table's
-        highest."""
+    def _unseen(self, table: pa.Table, lane: tuple[str, int, str], raw_off: Any) -> pa.Table | None:
+        """The rows of ``table`` (all of one node's records of one raw topic and partition:
+        ``lane``) above the highest raw offset seen there; that high mark moves to the table's
+        highest. Each raw topic (telemetry.raw, the ingest topics) has offsets of its own."""
         seen = self._raw_seen.get(lane, -1)
         lo, hi = (int(x.as_py()) for x in pc.min_max(raw_off).values())
         if hi <= seen:
@@ -249,6 +253,24 @@ class DetectCore:
                 )
             self.stats["rollups"] += t.num_rows
         return msgs
+
+
+def _raw_topics(table: pa.Table) -> str | pa.Array:
+    """The raw topic of every row of refined ``table`` when they share one, else each row's
+    (NULL or absent, in rows written before refined rows carried it: telemetry.raw)."""
+    if "raw_topic" not in table.schema.names:
+        return _RAW
+    col = table.column("raw_topic")
+    if pa.types.is_dictionary(col.type):
+        col = col.cast(col.type.value_type)
+    col = pc.fill_null(col, _RAW) if col.null_count else col
+    lo, hi = pc.min_max(col).values()
+    if lo.as_py() == hi.as_py():
+        return str(lo.as_py())
+    return col.combine_chunks()
+
+
+_RAW = "telemetry.raw"
 
 
 def _json(record: Any) -> bytes:

@@ -20,8 +20,10 @@ episodes        (one)                        id, state                        ka
 rollups         node, window_s               window_start, samples (sum)      window_start
 ==============  ===========================  ===============================  =============
 
-[raw_topic,]: read as NULL where the rows do not carry it (refined and aligned rows name
-their raw partition and offset, not yet their raw topic).
+[raw_topic,]: refined and aligned rows name their raw topic (telemetry.raw or an ingest
+topic: each has positions of its own); rows written before they carried it, and accounting
+rows without one, read as telemetry.raw (:data:`RAW_TOPIC`), so a copy of a record landed
+before is known by rows that name its topic.
 
 A rollup window's samples (the sum of ``count`` over the node's rows of that window in one
 message) belong to its identity: detect flushes its open windows part-way when stopped and
@@ -52,6 +54,7 @@ import pyarrow.compute as pc
 
 Key = tuple[Hashable, ...]
 _TOTAL = "__total"
+RAW_TOPIC = "telemetry.raw"  # what a NULL or absent raw_topic stands for
 
 
 @dataclass(frozen=True)
@@ -64,6 +67,8 @@ class Identity:
     window: int
     older_landed: bool = True
     optional: tuple[str, ...] = ()  # columns a producer may not write yet: read as NULL
+    # what a NULL (or an absent optional column) reads as, by column
+    defaults: tuple[tuple[str, str], ...] = ()
     # a column summed over an identity's rows in one message, part of the identity: the same
     # record published again with more in it (a rollup window flushed part-way at a stop,
     # then whole by the next process) is another record
@@ -73,11 +78,19 @@ class Identity:
     def columns(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys((*self.stream, *self.ident, self.order)))
 
+    def default(self, column: str) -> str | None:
+        return dict(self.defaults).get(column)
 
-# raw_topic: the refiner's rows name their raw partition and offset; a raw topic besides
-# telemetry.raw (the ingest topics) has positions of its own, told apart once rows carry it
+
+# raw_topic: a raw topic besides telemetry.raw (the ingest topics) has positions of its own
+_RAW_TOPIC = (("raw_topic", RAW_TOPIC),)
 _LINEAGE = Identity(
-    ("raw_topic", "raw_partition"), ("raw_offset",), "raw_offset", 50_000, optional=("raw_topic",)
+    ("raw_topic", "raw_partition"),
+    ("raw_offset",),
+    "raw_offset",
+    50_000,
+    optional=("raw_topic",),
+    defaults=_RAW_TOPIC,
 )
 _BY_ID = Identity((), ("id", "state"), "kafka_offset", 50_000, older_landed=False)
 
@@ -86,7 +99,9 @@ IDENTITIES: dict[str, Identity] = {
     "events": _LINEAGE,
     "collectives": _LINEAGE,
     "deadletter": Identity(("topic", "partition"), ("offset", "scope", "reason"), "offset", 50_000),
-    "accounting": Identity(("raw_topic", "raw_partition"), ("raw_offset",), "raw_offset", 50_000),
+    "accounting": Identity(
+        ("raw_topic", "raw_partition"), ("raw_offset",), "raw_offset", 50_000, defaults=_RAW_TOPIC
+    ),
     "alerts": _BY_ID,
     "episodes": _BY_ID,
     "rollups": Identity(
@@ -147,7 +162,7 @@ class LineageIndex:
                 "DESCRIBE SELECT * FROM read_parquet(?, union_by_name = true)", [list(files)]
             ).fetchall()
         }
-        sel = ", ".join(f'"{c}"' if c in have else f'NULL AS "{c}"' for c in cols)
+        sel = ", ".join(_select(spec, c, c in have) for c in cols)
         names = ", ".join(f'"{c}"' for c in cols)
         over = ", ".join(f'"{c}"' for c in spec.stream)
         window = f"PARTITION BY {over}" if over else ""
@@ -206,7 +221,7 @@ class LineageIndex:
             )
             for stream, ident in dups
         ]
-        return table.filter(pc.invert(_rows_of(table, values)))
+        return table.filter(pc.invert(_rows_of(table, spec, values)))
 
 
 def _identities(table: pa.Table, spec: Identity) -> list[tuple[Key, Key, int | None]]:
@@ -222,12 +237,8 @@ def _identities(table: pa.Table, spec: Identity) -> list[tuple[Key, Key, int | N
             first, last = o["min"].as_py(), o["max"].as_py()
             offs = [first] if first == last else pc.unique(off).to_pylist()
             return [(stream, (x,), x) for x in offs]
-    n = table.num_rows
     cols = spec.columns
-    sub = pa.table(
-        [_plain(table.column(c)) if c in names else pa.nulls(n, pa.string()) for c in cols],
-        names=list(cols),
-    )
+    sub = pa.table([_read(table, spec, c) for c in cols], names=list(cols))
     sums: list[tuple[str, str]] = []
     if spec.total:
         sub = sub.append_column(_TOTAL, table.column(spec.total))
@@ -252,10 +263,13 @@ def _one_stream(table: pa.Table, spec: Identity, names: list[str]) -> Key | None
     key: list[Hashable] = []
     for c in spec.stream:
         if c not in names:
-            key.append(None)
+            key.append(spec.default(c))
             continue
         col = _plain(table.column(c))
         if col.null_count:
+            if col.null_count == len(col):
+                key.append(spec.default(c))
+                continue
             return None
         mm = pc.min_max(col)
         lo, hi = mm["min"].as_py(), mm["max"].as_py()
@@ -269,19 +283,43 @@ def _plain(col: pa.ChunkedArray) -> pa.ChunkedArray:
     return col.cast(col.type.value_type) if pa.types.is_dictionary(col.type) else col
 
 
-def _rows_of(table: pa.Table, idents: list[dict[str, Hashable]]) -> pa.ChunkedArray:
+def _read(table: pa.Table, spec: Identity, c: str) -> pa.ChunkedArray | pa.Array:
+    """Column ``c`` of ``table`` as the identity reads it: plain, NULL (or absent) as the
+    column's default."""
+    default = spec.default(c)
+    if c not in table.schema.names:
+        return (
+            pa.nulls(table.num_rows, pa.string())
+            if default is None
+            else pa.repeat(pa.scalar(default, pa.string()), table.num_rows)
+        )
+    col = _plain(table.column(c))
+    return col if default is None or not col.null_count else pc.fill_null(col, default)
+
+
+def _select(spec: Identity, c: str, have: bool) -> str:
+    """The SQL select item of column ``c`` as the identity reads it (see :func:`_read`)."""
+    default = spec.default(c)
+    if default is None:
+        return f'"{c}"' if have else f'NULL AS "{c}"'
+    lit = "'" + default.replace("'", "''") + "'"
+    return f'coalesce("{c}", {lit}) AS "{c}"' if have else f'{lit} AS "{c}"'
+
+
+def _rows_of(table: pa.Table, spec: Identity, idents: list[dict[str, Hashable]]) -> pa.ChunkedArray:
     """A mask of the rows whose identity columns equal one of ``idents`` (a column the rows
-    do not carry reads as NULL)."""
+    do not carry, or a NULL, reads as its default, else as NULL)."""
     names = table.schema.names
     hit = pa.chunked_array([pa.repeat(False, table.num_rows)])
+    read = {c: _read(table, spec, c) for c in idents[0]} if idents else {}
     for values in idents:
-        if any(c not in names and v is not None for c, v in values.items()):
-            continue  # wants a value where the rows have none: no row
+        if any(c not in names and v != spec.default(c) for c, v in values.items()):
+            continue  # wants another value than the rows' absent column reads as: no row
         one: pa.ChunkedArray | None = None
         for c, v in values.items():
             if c not in names:
                 continue
-            col = _plain(table.column(c))
+            col = read[c]
             eq = pc.is_null(col) if v is None else pc.fill_null(pc.equal(col, v), False)
             one = eq if one is None else pc.and_(one, eq)
         if one is not None:

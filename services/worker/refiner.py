@@ -295,7 +295,7 @@ class Refiner:
             return
         pending = items
         items_ = [RawBatch(b, (r.partition, r.offset), r.append_ms * 1_000_000,
-                           self._log_append(r)) for _, r, b in pending]  # fmt: skip
+                           self._log_append(r), r.topic) for _, r, b in pending]  # fmt: skip
         results = refine_group(
             items_, self.state, self.catalog, self._topology(), now_ns, self.settings
         )
@@ -401,7 +401,7 @@ class Refiner:
             clock = self.state.clocks[stream] = ClockEstimator(self.settings.clock)
         arrival = rec.append_ms * 1_000_000 if self._log_append(rec) else None
         est = clock.observe(batch.envelope.sent_ns, arrival, batch.envelope.clock)
-        table = align_records(batch, est, position)
+        table = align_records(batch, est, position, rec.topic)
         topic = (
             self.topics.events
             if batch.envelope.kind is PayloadKind.EVENTS

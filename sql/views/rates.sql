@@ -12,6 +12,6 @@ SELECT
     regexp_extract(device, '^[^/]+(/[0-9][^/]*)?', 0) AS port,
     try_cast(regexp_extract(device, '/prio([0-9]+)$', 1) AS INTEGER) AS prio,
     rack, pod, leaf, leaf_port, spine, rail, nic, gpu, job, rank,
-    raw_partition, raw_offset, date, hour
+    raw_topic, raw_partition, raw_offset, date, hour
 FROM samples
 WHERE rate IS NOT NULL OR delta IS NOT NULL OR reset;

@@ -169,7 +169,8 @@ def test_a_rollup_window_published_again_with_more_samples_lands_again() -> None
 def _samples(offsets: list[int], topic: str | None = None) -> pa.Table:
     t = synth.refined_samples(nodes=1, seconds=2).slice(0, len(offsets))
     t = t.set_column(t.schema.get_field_index("raw_offset"), "raw_offset", pa.array(offsets))
-    return t if topic is None else t.append_column("raw_topic", pa.array([topic] * len(offsets)))
+    at = t.schema.get_field_index("raw_topic")
+    return t.set_column(at, "raw_topic", pa.array([topic] * len(offsets), pa.string()))
 
 
 def test_refined_rows_of_another_raw_topic_are_other_records_once_rows_name_it() -> None:
@@ -178,6 +179,33 @@ def test_refined_rows_of_another_raw_topic_are_other_records_once_rows_name_it()
     assert index.drop_landed(_samples([8, 8, 9])).column("raw_offset").to_pylist() == [9]
     assert index.drop_landed(_samples([7, 8], "telemetry.ingest.influx")).num_rows == 2
     assert index.drop_landed(_samples([7], "telemetry.ingest.influx")).num_rows == 0
+    # rows that name telemetry.raw are those that did not name it (older rows): copies
+    assert index.drop_landed(_samples([7, 9], "telemetry.raw")).num_rows == 0
+    assert index.drop_landed(_samples([10], "telemetry.raw")).num_rows == 1
+    assert index.drop_landed(_samples([10])).num_rows == 0
+
+
+def test_an_ingest_stream_far_behind_telemetry_raw_in_its_partition_lands() -> None:
+    """Each raw topic's offsets are a stream of their own: telemetry.raw a window ahead does
+    not make an ingest topic's positions count as landed."""
+    index = LineageIndex(IDENTITIES["samples"])
+    far = IDENTITIES["samples"].window * 3
+    assert index.drop_landed(_samples([far], "telemetry.raw")).num_rows == 1
+    assert index.drop_landed(_samples([5, 6], "telemetry.ingest.otlp")).num_rows == 2
+    assert index.drop_landed(_samples([5], "telemetry.ingest.otlp")).num_rows == 0
+    assert index.drop_landed(_samples([5])).num_rows == 0  # NULL: telemetry.raw, far behind
+
+
+def test_rows_of_two_raw_topics_in_one_table_are_told_apart() -> None:
+    index = LineageIndex(IDENTITIES["samples"])
+    assert index.drop_landed(_samples([3], "telemetry.ingest.collectd")).num_rows == 1
+    both = pa.concat_tables(
+        [_samples([3, 4], "telemetry.raw"), _samples([3, 4], "telemetry.ingest.collectd")]
+    )
+    kept = index.drop_landed(both)
+    topics, offsets = kept.column("raw_topic").to_pylist(), kept.column("raw_offset").to_pylist()
+    got = list(zip(topics, offsets, strict=True))
+    assert got == [("telemetry.raw", 3), ("telemetry.raw", 4), ("telemetry.ingest.collectd", 4)]
 
 
 def test_a_table_without_the_identity_columns_lands_whole() -> None:
@@ -201,3 +229,17 @@ def test_the_index_rebuilt_from_landed_files_drops_what_landing_dropped(tmp_path
         index = LineageIndex.from_files(IDENTITIES[ds], files)
         assert index.drop_landed(t).num_rows == 0, ds
     assert LineageIndex.from_files(IDENTITIES["alerts"], []).streams == {}
+
+
+def test_the_index_rebuilt_from_files_keeps_raw_topics_apart(tmp_path: Path) -> None:
+    """Older landed rows (raw_topic NULL) are telemetry.raw's; an ingest topic's positions
+    rebuild as a stream of their own."""
+    w = LakeWriter(tmp_path)
+    w.land("samples", _samples([3, 4]), partition=0, first=0, last=1)
+    w.land("samples", _samples([4, 5], "telemetry.ingest.influx"), partition=0, first=2, last=3)
+    files = [str(p) for p in w.live_paths("samples", 0)]
+    index = LineageIndex.from_files(IDENTITIES["samples"], files)
+    assert index.drop_landed(_samples([3, 4], "telemetry.raw")).num_rows == 0
+    assert index.drop_landed(_samples([5], "telemetry.raw")).num_rows == 1
+    assert index.drop_landed(_samples([4, 5], "telemetry.ingest.influx")).num_rows == 0
+    assert index.drop_landed(_samples([3], "telemetry.ingest.influx")).num_rows == 1

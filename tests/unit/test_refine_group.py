@@ -5,6 +5,7 @@ sources, resets, wraps, clock steps, late and malformed rows)."""
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pyarrow as pa
 import pytest
@@ -133,3 +134,18 @@ def test_a_stream_twice_in_a_group_sees_its_own_earlier_batch() -> None:
     assert second.num_rows
     deltas = pa.compute.count(second.column("delta")).as_py()
     assert deltas > 0
+
+
+def test_refined_rows_carry_their_batchs_raw_topic() -> None:
+    """Each batch's rows name the topic it was read from (NULL where not told), in a wave
+    mixing telemetry.raw, an ingest topic and untold batches."""
+    items, topo = _traffic(3)
+    topics = ["telemetry.raw", "telemetry.ingest.influx", None]
+    items = [replace(x, topic=topics[i % 3]) for i, x in enumerate(items[:60])]
+    results = refine_group(items, RefineState(), CAT, topo, T0 + 60 * S)
+    seen = set()
+    for x, r in zip(items, results, strict=True):
+        if r.refined_count:
+            assert set(r.refined.column("raw_topic").to_pylist()) == {x.topic}
+            seen.add(x.topic)
+    assert seen == set(topics)

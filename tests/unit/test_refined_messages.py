@@ -5,6 +5,7 @@ them."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pyarrow as pa
 
@@ -124,3 +125,47 @@ def test_compact_json_writes_the_bytes_json_dumps_does() -> None:
     ]
     for doc in docs:
         assert compact_json(doc) == json.dumps(doc, separators=(",", ":")).encode()
+
+
+def test_refined_rows_name_their_raw_topic_and_detect_skips_replays_per_topic() -> None:
+    """An ingest topic's offsets are its own: its record at an offset below telemetry.raw's
+    in the same partition is not a replay, in one message with raw's or alone."""
+    core = DetectCore(DetectTopics(), Detector(CAT), ServiceTelemetry("test"))
+    ingest = "telemetry.ingest.otlp"
+    raw = _record("n1", "a", 1, 50, 100)
+    recs = [raw, replace(_record("n1", "b", 1, 10, 500), topic=ingest)]
+    (mixed,) = [
+        m for o in _refiner().process_group(recs, NOW + 10 * S) for m in _refined(o.messages)
+    ]
+    rows = _rows(mixed)
+    topics, offsets = rows.column("raw_topic").to_pylist(), rows.column("raw_offset").to_pylist()
+    got = set(zip(topics, offsets, strict=True))
+    assert got == {("telemetry.raw", 50), (ingest, 10)}
+    assert [e["raw_topic"] for e in refined_lineage(mixed.headers)] == ["telemetry.raw", ingest]
+
+    kept = core._refined(0, 0, bytes(mixed.value))
+    assert kept is not None and kept.num_rows == 6
+    assert core._refined(0, 1, bytes(mixed.value)) is None  # a replay of both
+    later = replace(_record("n1", "b", 2, 11, 600), topic=ingest)
+    (alone,) = [
+        m for o in _refiner().process_group([later], NOW + 10 * S) for m in _refined(o.messages)
+    ]
+    kept = core._refined(0, 2, bytes(alone.value))  # 11 < 50: raw's mark is not the ingest's
+    assert kept is not None and kept.column("raw_offset").to_pylist() == [11] * 3
+    assert set(kept.column("raw_topic").to_pylist()) == {ingest}
+
+
+def test_detect_reads_rows_without_raw_topic_as_telemetry_raw() -> None:
+    core = DetectCore(DetectTopics(), Detector(CAT), ServiceTelemetry("test"))
+    (m,) = [
+        m
+        for o in _refiner().process_group([_record("n1", "a", 1, 5, 100)], NOW + 10 * S)
+        for m in _refined(o.messages)
+    ]
+    rows = _rows(m)
+    old = rows.drop_columns(["raw_topic"])
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, old.schema) as w:
+        w.write_table(old)
+    assert core._refined(0, 0, sink.getvalue().to_pybytes()) is not None
+    assert core._refined(0, 1, bytes(m.value)) is None  # the same raw record, naming its topic
