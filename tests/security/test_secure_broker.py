@@ -540,6 +540,20 @@ def test_the_manifests_containers_run_end_to_end_with_their_principals(
                 p.kill()
         hook.shutdown()
     secure.outputs += [p.read_text(errors="replace") for p in logs.values()]
+    _wait_group_empty(secure.conf("admin"), "refinery-land")
+
+
+def _wait_group_empty(conf: dict[str, Any], group: str, timeout_s: float = 90.0) -> None:
+    """A static member (the lander's --instance-id) stays in its group until its session
+    expires: wait for that, so later tests may use the group at once."""
+    admin = AdminClient({**conf, "log_level": 0})
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        desc = admin.describe_consumer_groups([group])[group].result(timeout=15)
+        if not desc.members:
+            return
+        time.sleep(2)
+    raise AssertionError(f"group {group} still has members after {timeout_s:g}s")
 
 
 def _write_verdicts(conf: dict[str, Any], topics: list[str]) -> dict[str, int | None]:
