@@ -8,6 +8,8 @@ detectors and the lake join them to samples on one time axis.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -48,6 +50,32 @@ ALIGNED_SCHEMAS = {
 }
 
 
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+# an error bound saturates here: "unbounded". A row's bound grows from it by its rate times
+# its distance to the anchor (below 2^62 for any int64 times) without leaving int64.
+ERROR_CAP_NS = 2**62
+
+
+def in_int64(est: ClockEstimate) -> ClockEstimate:
+    """``est`` with the values refining puts in int64 columns held to them: its offset and
+    anchor saturated to int64, its error bound to :data:`ERROR_CAP_NS`. The estimator's
+    arithmetic is Python's; a clock block the decoder accepts with a send time anywhere in
+    int64 can make a disagreement, and so a bound, past int64 (the offset would not leave it:
+    it is a send time less an append time, each in range)."""
+    if (
+        _INT64_MIN <= est.offset_ns <= _INT64_MAX
+        and _INT64_MIN <= est.anchor_ns <= _INT64_MAX
+        and 0 <= est.error_ns <= ERROR_CAP_NS
+    ):
+        return est
+    return replace(
+        est,
+        offset_ns=min(max(est.offset_ns, _INT64_MIN), _INT64_MAX),
+        anchor_ns=min(max(est.anchor_ns, _INT64_MIN), _INT64_MAX),
+        error_ns=min(max(est.error_ns, 0), ERROR_CAP_NS),
+    )
+
+
 def align_records(
     batch: Batch, estimate: ClockEstimate, position: tuple[int, int], topic: str | None = None
 ) -> pa.Table:
@@ -57,6 +85,7 @@ def align_records(
     t = batch.table
     n = t.num_rows
     schema = ALIGNED_SCHEMAS[env.kind]
+    estimate = in_int64(estimate)
     ts_source = t.column("ts_ns")
     ts, offset, error = align(ts_source, estimate)
     errors = pa.repeat(pa.scalar(error, pa.int64()), n)

@@ -21,6 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipelines._arrow import column, repeat_strings, true_mask
+from pipelines.aligned import in_int64
 from pipelines.clock import ClockEstimate, ClockEstimator, ClockSettings, row_errors
 from pipelines.counters import (
     CounterLayout,
@@ -415,7 +416,7 @@ def _per_batch(live: list[_Live], marks: list[int | None], counts: Any) -> pa.Ta
     floor) repeated ``counts[j]`` times: the per-row columns of those values, each built by
     one repeat (numpy for numbers, :func:`repeat_strings` for strings) rather than a take."""
     srcs = [x.item.batch.envelope.source for x in live]
-    clocks = [x.clock for x in live]
+    clocks = [in_int64(x.clock) for x in live]  # int64 columns, whatever the estimator says
 
     def rep(values: list[Any], dtype: Any) -> Any:
         return pa.array(np.repeat(np.array(values, dtype=dtype), counts))

@@ -42,6 +42,7 @@ from schemas.wire import (
     PAYLOAD_SCHEMAS,
     SUPPORTED_SCHEMA_VERSIONS,
     Batch,
+    ClockBlock,
     Envelope,
 )
 
@@ -213,7 +214,41 @@ def _in_range(env: Envelope) -> Envelope:
     for name, v in fields:
         if v is not None and not lo <= v <= hi:
             raise RejectedInput(Reason.VALUE_OUT_OF_RANGE, f"{name}: {v} is outside int64")
+    if env.clock is not None:
+        _plausible_clock(env.clock)
     return env
+
+
+# What a clock block can plausibly say (beyond these it is no clock's report, and its
+# arithmetic in refining, with a send time anywhere in int64, could leave int64): an offset
+# or error bound of at most a century; exchange times between 1970 and 2116 (2^62 ns) on a
+# partition number of Kafka's (int32).
+CLOCK_SPAN_NS = 100 * 365 * 86_400 * 10**9
+_EXCHANGE_NS = 2**62
+_CLOCK_RANGES = {"offset_ns": (-CLOCK_SPAN_NS, CLOCK_SPAN_NS), "error_bound_ns": (0, CLOCK_SPAN_NS)}
+_EXCHANGE_RANGES = (
+    ("send_ns", 0, _EXCHANGE_NS),
+    ("append_ms", 0, _EXCHANGE_NS // 1_000_000),
+    ("ack_ns", 0, _EXCHANGE_NS),
+    ("partition", 0, 2**31 - 1),
+)
+
+
+def _plausible_clock(clock: ClockBlock) -> None:
+    """Raises ``value_out_of_range`` for a clock block value outside what a clock reports."""
+    for name, (lo, hi) in _CLOCK_RANGES.items():
+        v = getattr(clock, name)
+        if v is not None and not lo <= v <= hi:
+            raise RejectedInput(
+                Reason.VALUE_OUT_OF_RANGE, f"clock.{name}: {v} is outside [{lo}, {hi}]"
+            )
+    for i, ex in enumerate(clock.exchanges or ()):
+        for (name, lo, hi), v in zip(_EXCHANGE_RANGES, ex, strict=True):
+            if not lo <= v <= hi:
+                raise RejectedInput(
+                    Reason.VALUE_OUT_OF_RANGE,
+                    f"clock.exchanges[{i}].{name}: {v} is outside [{lo}, {hi}]",
+                )
 
 
 _PLANS: _BySchema[list[tuple[str, Any, bool, bool]]] = _BySchema()

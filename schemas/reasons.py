@@ -18,7 +18,8 @@ class Reason(StrEnum):
     BAD_ENVELOPE = "bad_envelope"  # envelope missing fields or of the wrong type
     UNSUPPORTED_SCHEMA_VERSION = "unsupported_schema_version"
     SCHEMA_MISMATCH = "schema_mismatch"  # sample columns missing or of the wrong type
-    VALUE_OUT_OF_RANGE = "value_out_of_range"  # an envelope integer past int64 (seq, sent_ns)
+    # an envelope integer past int64 (seq, sent_ns), a clock block value no clock reports
+    VALUE_OUT_OF_RANGE = "value_out_of_range"
     # single sample
     UNKNOWN_METRIC = "unknown_metric"  # metric not in the catalog
     BAD_DEVICE = "bad_device"  # empty or over-long device string

@@ -17,9 +17,9 @@ never for a record's content.
 Each source's clock estimator is the one object refining changes in place: the attempt
 works on a copy of it (:func:`clone`, containers copied, their immutable items shared: ~6 µs
 for a full window, where ``copy.deepcopy`` took ~370 µs), and a failed attempt's points never
-reach the estimator the next records see. A point the failed record would have added (a send
-time that breaks the clock's arithmetic) would otherwise fail every later record of its
-source too.
+reach the estimator the next records see. A point the failed record would have added (one
+that breaks the clock's arithmetic) would otherwise fail every later record of its source
+too.
 """
 
 from __future__ import annotations
