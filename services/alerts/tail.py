@@ -20,6 +20,7 @@ from pydantic import ValidationError
 
 from schemas.errors import RefineryError
 from schemas.records import Alert, Severity
+from services.kafka_internals import LIBRDKAFKA_CONSUMER_BOUNDS
 
 DEFAULT_TOPIC = "telemetry.alerts"
 _RANK = {Severity.INFO: 0, Severity.WARNING: 1, Severity.CRITICAL: 2}
@@ -82,6 +83,7 @@ def tail_alerts(
     c = Consumer(
         {
             **conf,
+            **LIBRDKAFKA_CONSUMER_BOUNDS,  # what a fetch carries and a batch inflates to
             "group.id": "refinery-alerts-tail",
             "enable.auto.commit": False,
             "enable.partition.eof": False,

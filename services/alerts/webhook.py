@@ -29,6 +29,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError
 
 from schemas.errors import TransientError
+from services.kafka_internals import LIBRDKAFKA_CONSUMER_BOUNDS
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +83,7 @@ class WebhookForwarder:
         self.consumer = Consumer(
             {
                 **conf,
+                **LIBRDKAFKA_CONSUMER_BOUNDS,  # what a fetch carries and a batch inflates to
                 "group.id": settings.group,
                 "enable.auto.commit": False,
                 "enable.auto.offset.store": False,

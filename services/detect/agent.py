@@ -210,13 +210,15 @@ def build_detect_app(
         thread while the lock keeps every other user of the detector away)."""
         from confluent_kafka import Consumer, TopicPartition
 
+        from services.kafka_internals import LIBRDKAFKA_CONSUMER_BOUNDS
+
         c = Consumer(
             {
                 **conf,
+                **LIBRDKAFKA_CONSUMER_BOUNDS,  # what a fetch carries and a batch inflates to
                 "group.id": cfg.group,  # only to read the committed offsets: never joins
                 "enable.auto.commit": False,
                 "auto.offset.reset": "earliest",
-                "fetch.max.bytes": 64 * 1024 * 1024,
             }
         )
         out = Emitted()

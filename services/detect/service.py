@@ -24,6 +24,7 @@ from typing import Any
 
 from services.detect.core import DetectCore, DetectTopics, assigned_spans, low_watermark
 from services.detect.detector import Detector, Emitted
+from services.kafka_internals import LIBRDKAFKA_CONSUMER_BOUNDS
 from services.telemetry import ServiceTelemetry
 from services.worker.feed import TopologyFeed
 
@@ -62,11 +63,11 @@ class DetectService:
         consumer = Consumer(
             {
                 **self.conf,
+                **LIBRDKAFKA_CONSUMER_BOUNDS,  # what a fetch carries and a batch inflates to
                 "group.id": self.group,
                 "enable.auto.commit": False,
                 "auto.offset.reset": "earliest",
                 "max.poll.interval.ms": 300000,
-                "fetch.max.bytes": 64 * 1024 * 1024,
             }
         )
         producer = Producer(

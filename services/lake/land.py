@@ -32,6 +32,7 @@ from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from schemas.codec import content_type_of
 from schemas.errors import RejectedInput
+from services.kafka_internals import LIBRDKAFKA_CONSUMER_BOUNDS
 from services.lake.compact import Compactor
 from services.lake.decode import rows_of
 from services.lake.lineage import IDENTITIES, LineageIndex
@@ -89,6 +90,7 @@ class LandingService:
         self.conf = {
             "auto.offset.reset": "earliest",
             **consumer_conf,
+            **LIBRDKAFKA_CONSUMER_BOUNDS,  # what a fetch carries and a batch inflates to
             "enable.auto.commit": False,
             "enable.auto.offset.store": False,
             "isolation.level": "read_committed",
