@@ -141,8 +141,20 @@ class ClockEstimate:
         return self.offset_ns + round(self.drift_ppm * 1e-6 * (t_source_ns - self.anchor_ns))
 
     def alert(self, threshold_ns: int = 1_000_000_000) -> bool:
-        """True when the source's clock is off the common clock by more than the threshold."""
-        return abs(self.offset_ns) > threshold_ns
+        """True when the bound proves the source's clock off the common clock by more than
+        the threshold: ``|offset| - error > threshold``. An offset beyond the threshold whose
+        bound reaches back within it is no claim yet (see :meth:`alert_claim`)."""
+        return abs(self.offset_ns) - self.error_ns > threshold_ns
+
+    def alert_claim(self, threshold_ns: int = 1_000_000_000) -> bool | None:
+        """What the bound proves: True, the offset is beyond the threshold (:meth:`alert`);
+        False, within it (``|offset| + error <= threshold``); None, neither (a wide bound:
+        at a source's start, after a step): an alert stays as it was until one is proven."""
+        if self.alert(threshold_ns):
+            return True
+        if abs(self.offset_ns) + self.error_ns <= threshold_ns:
+            return False
+        return None
 
 
 UNKNOWN = ClockEstimate(0, 0, 0.0, 2**62, 0, False)

@@ -86,7 +86,7 @@ class RefineResult:
     duplicate: int
     quarantined: int
     clock: ClockEstimate | None
-    clock_alert: bool
+    clock_alert: bool | None  # None: the bound proves neither (the alert stays as it was)
     # the refined rows of the whole wave this batch was refined in, and where its own start:
     # ``refined`` is ``wave_rows.slice(wave_start, refined_count)``. The batches of one node
     # in a wave are adjacent there, so a consumer can publish them as one slice.
@@ -389,7 +389,7 @@ def _refine_wave(
             duplicate=x.dup,
             quarantined=quarantined,
             clock=x.clock,
-            clock_alert=x.clock.alert(settings.clock_alert_ns),
+            clock_alert=x.clock.alert_claim(settings.clock_alert_ns),
             wave_rows=refined,
             wave_start=int(rstart[j]),
             newest_ns=tops[j],

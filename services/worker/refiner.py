@@ -494,7 +494,7 @@ class Refiner:
         if r.clock is None:
             return []
         was = self._flagged.get(stream, False)
-        if r.clock_alert == was:
+        if r.clock_alert is None or r.clock_alert == was:
             return []
         self._flagged[stream] = r.clock_alert
         # the broker's append time of the record that flipped the flag: the same on a replay

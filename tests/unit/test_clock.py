@@ -141,21 +141,68 @@ def test_well_synced_source_not_flagged() -> None:
     assert not any(est.observe(*src.next_pair()[:2]).alert() for _ in range(50))
 
 
+class Exporter:
+    """A :class:`Source` whose batches carry its earlier exchanges with the broker, as an
+    exporter's do: ``[S, A, R, 0]`` of its last sends (an ack ``ack`` after the append),
+    those of before a step of its clock dropped."""
+
+    def __init__(self, src: Source, ack: int = 2 * MS) -> None:
+        self.src, self.ack = src, ack
+        self.log: list[list[int]] = []
+        self.setting = src.step
+
+    def observe(self, est: ClockEstimator) -> tuple[ClockEstimate, int]:
+        """One batch: its estimate and the source's true offset at its send."""
+        sent, arrival, t = self.src.next_pair()
+        if self.src.step != self.setting:  # the exporter saw its clock step
+            self.log, self.setting = [], self.src.step
+        block = ClockBlock(source="exchange", exchanges=[tuple(x) for x in self.log[-4:]])
+        e = est.observe(sent, arrival, block)
+        self.log.append([sent, arrival // MS, sent + (arrival - t) + self.ack, 0])
+        return e, round(self.src.offset(t))
+
+
 def test_steps_restart_the_fit() -> None:
     src = Source(3, 5 * MS, 20, MS, 2 * MS)
+    exp = Exporter(src)
     est = ClockEstimator()
     for _ in range(60):
-        est.observe(*src.next_pair()[:2])
+        exp.observe(est)
     src.step = 50 * MS  # offset jumps up: seen at once
-    e = est.observe(*src.next_pair()[:2])
+    e, _ = exp.observe(est)
     assert e.step and e.points == 1
     for _ in range(20):
-        e = est.observe(*src.next_pair()[:2])
-    assert abs(e.offset_ns - src.offset(T0 + (src.i - 1) * S)) < 5 * MS
-    src.step = -2 * S  # jumps down: confirmed after a few points, then flagged
-    steps = [est.observe(*src.next_pair()[:2]) for _ in range(5)]
-    assert any(x.step for x in steps[:3])
-    assert steps[-1].alert() and abs(steps[-1].offset_ns + 2 * S) < 10 * MS
+        e, true = exp.observe(est)
+    assert abs(e.offset_ns - true) < 5 * MS and abs(e.offset_ns - true) <= e.error_ns
+    src.step = -2 * S  # jumps down: confirmed after a few points, flagged once proven
+    steps = [exp.observe(est) for _ in range(10)]
+    assert any(x.step for x, _ in steps[:3])
+    for x, true in steps:
+        assert abs(x.offset_ns - true) <= x.error_ns
+        assert x.alert() == (abs(x.offset_ns) - x.error_ns > S)  # a claim the bound makes
+    fired = [x.alert() for x, _ in steps]
+    # the first batch after the step carries no exchange of the new setting yet (the model's
+    # bound then keeps the step's size: no claim); the next one's proves it
+    assert fired.index(True) <= 2 and all(fired[fired.index(True) :])
+    assert abs(steps[-1][0].offset_ns + 2 * S) < 10 * MS
+
+
+def test_an_offset_within_the_threshold_never_fires_while_its_bound_is_wide() -> None:
+    # a source 0.908 s behind: the model's first estimates are about -1.0 s ± 1 s, and its
+    # exchanges' round trips reach 1.5 s (a loaded host)
+    e = ClockEstimate(offset_ns=-1_018 * MS, anchor_ns=T0, drift_ppm=0.0, error_ns=S + MS,
+                      points=1, converged=False)  # fmt: skip
+    assert not e.alert() and e.alert_claim() is None
+    for seed in range(5):
+        src = Source(seed, -0.908 * S, 30, MS, 80 * MS)
+        exp = Exporter(src, ack=round(random.Random(seed).uniform(0.2, 1.5) * S))
+        est = ClockEstimator()
+        claims = [exp.observe(est)[0].alert_claim() for _ in range(40)]
+        assert True not in claims
+    src = Source(9, 0.9 * S, 30, MS, 3 * MS)  # tight exchanges: proven within
+    exp, est = Exporter(src), ClockEstimator()
+    claims = [exp.observe(est)[0].alert_claim() for _ in range(10)]
+    assert True not in claims and claims[-1] is False
 
 
 def test_chrony_cross_check_widens_error_when_it_disagrees() -> None:
