@@ -7,7 +7,7 @@ resolved through Maven (:func:`resolve_jars`, cached). State lives in ``data_dir
     data_dir/cluster.json          what was started: pids, ports, nodes (the "pid file")
     data_dir/node-<id>/server.properties, data/, logs/server.log, stdout.log
     data_dir/security/                 with ``secure=True``: CA, keystores, client credentials
-                                       (see :mod:`services.security.local`)
+                                       (see :mod:`lab.broker_security`)
 
 Every failure a user can act on raises :class:`~schemas.errors.BrokerError` with one line
 saying what to do; the CLI prints it and exits non-zero.
@@ -290,7 +290,7 @@ class LocalKafka:
     ) -> ClusterState:
         """Start the cluster (idempotent if already running); returns its state once it
         answers metadata requests with every node. ``secure``: TLS everywhere, SCRAM and
-        mutual-TLS clients, ACLs enforced (:mod:`services.security.local`); a cluster keeps
+        mutual-TLS clients, ACLs enforced (:mod:`lab.broker_security`); a cluster keeps
         the mode it was created with. Raises BrokerError."""
         if nodes not in (1, 3):
             raise BrokerError(f"--nodes must be 1 or 3, not {nodes}")
@@ -385,8 +385,8 @@ class LocalKafka:
         return state
 
     def security(self) -> Any:
-        """The :class:`~services.security.local.SecureMaterial` of this data dir."""
-        from services.security.local import SecureMaterial
+        """The :class:`~lab.broker_security.SecureMaterial` of this data dir."""
+        from lab.broker_security import SecureMaterial
 
         return SecureMaterial(self.data_dir / "security")
 

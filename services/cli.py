@@ -30,15 +30,15 @@ COMMAND_MODULES: tuple[str, ...] = (
     "services.catalog_cli",
     "services.topology.cli",
     "services.worker.cli",
-    "services.simulate.cli",
+    "lab.simulate.cli",
     "services.lake.cli",
     "services.alerts.cli",
     "services.detect.cli",
     "services.security.cli",
     "services.report.cli",
-    "services.demo.cli",
-    "services.bench.cli",
-    "services.verify.cli",
+    "lab.demo.cli",
+    "lab.bench.cli",
+    "lab.verify.cli",
 )
 
 Handler = Callable[[argparse.Namespace, RefinerySettings], int]
@@ -60,7 +60,7 @@ def _print_json(obj: object) -> None:
 
 
 def _local_kafka(args: argparse.Namespace, settings: RefinerySettings) -> Any:
-    from services.broker import LocalKafka
+    from lab.broker import LocalKafka
 
     data_dir = Path(args.data_dir) if args.data_dir else settings.home / "broker"
     return LocalKafka(data_dir, version=settings.kafka_version)

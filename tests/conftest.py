@@ -1,7 +1,7 @@
 """Shared fixtures: one real Kafka broker per test session, unique topics and groups per test.
 
 If ``REFINERY_TEST_BOOTSTRAP`` is set (``.ci/run`` sets it), tests use that broker; otherwise
-the session starts a single-node broker of its own with :class:`services.broker.LocalKafka`
+the session starts a single-node broker of its own with :class:`lab.broker.LocalKafka`
 on free loopback ports and stops it at the end.
 """
 
@@ -26,7 +26,7 @@ def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     if given:
         yield given
         return
-    from services.broker import LocalKafka
+    from lab.broker import LocalKafka
 
     k = LocalKafka(tmp_path_factory.mktemp("kafka"))
     state = k.start(nodes=1, base_port=0)

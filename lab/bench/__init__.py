@@ -1,1 +1,1 @@
-"""``refinery bench``: the benchmark suite (see :mod:`services.bench.cli`)."""
+"""``refinery bench``: the benchmark suite (see :mod:`lab.bench.cli`)."""

@@ -4,7 +4,7 @@ The worker and ``refinery detect`` run as processes on fresh topics; the simulat
 small cluster with **every** fault kind on (``--faults all``) at speed 1 for a long run — the
 pipeline aligns clocks against the broker's LogAppendTime, so it cannot be fed faster than
 real time. Once both have drained, every alert (the worker's clock alerts included) and
-episode is read back and scored by :func:`services.bench.accuracy_match.score`: a detection
+episode is read back and scored by :func:`lab.bench.accuracy_match.score`: a detection
 is a true positive when it matches an incident by rule, entity, job and time overlap; an
 incident's required signals are listed there.
 
@@ -27,7 +27,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from services.bench.accuracy_match import (
+from lab.bench.accuracy_match import (
     AccuracyReport,
     Detection,
     Signal,
@@ -35,12 +35,12 @@ from services.bench.accuracy_match import (
     on_entity,
     score,
 )
-from services.bench.figures import BenchResult
-from services.bench.harness import BenchKafka, S, end_count, records, sim_topics
-from services.simulate.cluster import Cluster
-from services.simulate.engine import Simulation
-from services.simulate.publish import publish
-from services.simulate.truth import sibling
+from lab.bench.figures import BenchResult
+from lab.bench.harness import BenchKafka, S, end_count, records, sim_topics
+from lab.simulate.cluster import Cluster
+from lab.simulate.engine import Simulation
+from lab.simulate.publish import publish
+from lab.simulate.truth import sibling
 
 FAULTS = "all"
 NODES = 8  # two jobs (5 + 3 nodes), 15 k samples/s: within one worker's rate on 2 cores

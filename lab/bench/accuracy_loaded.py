@@ -5,7 +5,7 @@ the broker and the simulator, which publishes at speed 1, phases spread, every f
 (``--faults all``), as many nodes as make half the worker's measured maximum rate; the worker
 is killed -9 and started again every ``restart_every_s`` while it publishes (a user's restart,
 with its replay and catch-up). Once everything has drained and landed, the lake is compared
-with the run's truth by :func:`services.verify.verdict.verify`, the same check as ``refinery
+with the run's truth by :func:`lab.verify.verdict.verify`, the same check as ``refinery
 verify``: samples within their own stated clock bound, |aligned - true| and the bound's
 percentiles, alert precision and incident recall, every false alert by rule, nothing lost or
 duplicated. ``refinery bench --only alert_accuracy_loaded``.
@@ -18,14 +18,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from services.bench.figures import BenchResult
-from services.bench.harness import BenchKafka, S, sim_topics
-from services.bench.latency import _half_load_nodes, samples_per_node_s
-from services.demo.procs import Child
-from services.simulate.cluster import Cluster
-from services.simulate.engine import Simulation
-from services.simulate.publish import publish
-from services.verify.verdict import PRECISION_GOAL, WITHIN_BOUND_GOAL, Verdict, verify
+from lab.bench.figures import BenchResult
+from lab.bench.harness import BenchKafka, S, sim_topics
+from lab.bench.latency import _half_load_nodes, samples_per_node_s
+from lab.demo.procs import Child
+from lab.simulate.cluster import Cluster
+from lab.simulate.engine import Simulation
+from lab.simulate.publish import publish
+from lab.verify.verdict import PRECISION_GOAL, WITHIN_BOUND_GOAL, Verdict, verify
 
 SEED = 29
 LANDED = (

@@ -329,7 +329,7 @@ def score(
 ) -> AccuracyReport:
     """Score alerts and episodes of a run ``[start, end)`` (true ns) against its truth.
     Incidents starting at or after ``end`` never happened and are dropped. A detection no
-    incident explains but one of ``explained`` (e.g. :func:`services.bench.accuracy.
+    incident explains but one of ``explained`` (e.g. :func:`lab.bench.accuracy.
     run_signals`) does is listed in
     ``excluded`` with the reason, and scored neither way. ``for_ns``: each rule's ``for``
     duration (an incident shorter than its rule's is not expected to fire it)."""

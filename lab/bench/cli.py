@@ -121,12 +121,12 @@ def _selected(only: str | None) -> list[str]:
 
 
 def run(args: argparse.Namespace, settings: RefinerySettings) -> int:
-    from services.bench.figures import BenchResult, markdown_table
-    from services.bench.harness import BenchKafka
-    from services.bench.machine import run_facts
+    from lab.bench.figures import BenchResult, markdown_table
+    from lab.bench.harness import BenchKafka
+    from lab.bench.machine import run_facts
 
     if args.render:
-        from services.bench.doc import BenchDocError, load, render
+        from lab.bench.doc import BenchDocError, load, render
 
         try:
             print(render(load(Path(args.render))), end="")
@@ -151,7 +151,7 @@ def run(args: argparse.Namespace, settings: RefinerySettings) -> int:
                     broker_version = f"external cluster (local default {settings.kafka_version})"
                     _say(f"bench: using Kafka at {kafka.bootstrap_servers}")
                 else:
-                    from services.broker import LocalKafka
+                    from lab.broker import LocalKafka
 
                     _say("bench: starting a local Kafka broker on free ports…")
                     broker = LocalKafka(work / "broker", version=settings.kafka_version)
@@ -208,7 +208,7 @@ def _plan(
     names: list[str], sizes: Sizes, k: Any, results: dict[str, Any]
 ) -> list[tuple[str, Step]]:
     """(name, thunk) in order; a thunk returns one or more BenchResults."""
-    from services.bench import local
+    from lab.bench import local
 
     def worker_rate() -> float | None:
         """The worker's measured maximum: its steady-state rate if measured, else its rate
@@ -221,7 +221,7 @@ def _plan(
         """The worker's maximum (steady) rate on a backlog whose exporters publish every
         ``interval_ns``: smaller records cost more per sample, so each cadence's half load
         is half its own maximum, not half the 1 s one."""
-        from services.bench.throughput import bench_worker_throughput
+        from lab.bench.throughput import bench_worker_throughput
 
         r = bench_worker_throughput(
             k,
@@ -244,8 +244,8 @@ def _plan(
         behind and then measures the backlog, not the alerting path. The floor run's
         freshness is reported next to the other, and the half-load run's alert latency next
         to the floor run's (no goal: it shows what load does to it)."""
-        from services.bench.harness import S
-        from services.bench.latency import bench_pipeline, bench_worker_freshness
+        from lab.bench.harness import S
+        from lab.bench.latency import bench_pipeline, bench_worker_freshness
 
         out = []
         rate = worker_rate()
@@ -305,17 +305,17 @@ def _plan(
         return out
 
     def throughput() -> list[Any]:
-        from services.bench.throughput import bench_worker_throughput
+        from lab.bench.throughput import bench_worker_throughput
 
         return [bench_worker_throughput(k, sizes.samples, timeout=sizes.worker_timeout_s)]
 
     def accuracy() -> list[Any]:
-        from services.bench.accuracy import bench_alert_accuracy
+        from lab.bench.accuracy import bench_alert_accuracy
 
         return [bench_alert_accuracy(k, sizes.accuracy_s)]
 
     def accuracy_loaded() -> list[Any]:
-        from services.bench.accuracy_loaded import bench_accuracy_loaded
+        from lab.bench.accuracy_loaded import bench_accuracy_loaded
 
         return [bench_accuracy_loaded(k, worker_rate(), min(sizes.accuracy_s, 180))]
 

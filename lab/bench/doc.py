@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from services.bench.figures import fmt
+from lab.bench.figures import fmt
 
 INTRO = """\
 # Performance

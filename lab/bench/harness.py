@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from services.demo.procs import Child, group_lag, spawn
+from lab.demo.procs import Child, group_lag, spawn
+from lab.simulate.publish import Topics
 from services.settings import KafkaSettings
-from services.simulate.publish import Topics
 
 S = 1_000_000_000
 # topics whose record timestamps the benchmarks read: the broker stamps them on append
@@ -190,7 +190,7 @@ def records(
 
 def end_count(conf: dict[str, Any], topic: str) -> int:
     """Records in ``topic`` (sum of high watermarks; topics here are never truncated)."""
-    from services.demo.procs import end_offsets
+    from lab.demo.procs import end_offsets
 
     return sum(end_offsets(conf, [topic]).values())
 

@@ -1,6 +1,6 @@
 """Decode and refine rates of each ingest adapter, in-process, per CPU-second.
 
-    python -m services.bench.ingest [--seconds 2]
+    python -m lab.bench.ingest [--seconds 2]
 
 For each foreign format a representative message (a node's worth of CPU and network
 series; dcgm-like exposition; one collectd value list per message as write_kafka sends) is
@@ -26,10 +26,10 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.resources import Resource
 
+from lab.bench.instructions import GROUP
 from pipelines.enrich import TopologyIndex
 from schemas.catalog import default_catalog
 from schemas.ingest import IngestDecoder, Position
-from services.bench.instructions import GROUP
 from services.worker.refiner import OutputTopics, RawRecord, Refiner
 
 SECOND = 1_000_000_000

@@ -1,11 +1,11 @@
 """End-to-end worker rate of each ingest format: a backlog on the format's ingest topic, one
 worker (a subprocess, as deployed), its CPU seconds per refined sample.
 
-    REFINERY_BOOTSTRAP_SERVERS=host:port python -m services.bench.ingest_worker [ADAPTER ...]
+    REFINERY_BOOTSTRAP_SERVERS=host:port python -m lab.bench.ingest_worker [ADAPTER ...]
 
 Topics are created under a fresh prefix. The worker's CPU (utime + stime from /proc) is
 counted from its first accounting record on, so start-up is left out. Adapters are those of
-:mod:`services.bench.ingest`, sent by 100 hosts (one-line messages by 300), as a site's
+:mod:`lab.bench.ingest`, sent by 100 hosts (one-line messages by 300), as a site's
 agents would send them.
 """
 
@@ -21,7 +21,7 @@ import uuid
 
 from confluent_kafka import Consumer, Producer
 
-from services.bench.ingest import SECOND, Adapter, adapters, on_host
+from lab.bench.ingest import SECOND, Adapter, adapters, on_host
 from services.topics import apply_topics, load_topic_specs
 
 TOPICS = {"prometheus": "telemetry.ingest.prom", "influx": "telemetry.ingest.influx",

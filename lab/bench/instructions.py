@@ -4,7 +4,7 @@ instructions per sample), so a change of 1 % is visible where ``refinery bench``
 runs. It counts instructions, not time: a change that moves memory rather than computing
 (fewer copies of a large buffer) can cost fewer instructions and no less time.
 
-``python -m services.bench.instructions [--nodes 100] [--ticks 4]`` runs the refiner
+``python -m lab.bench.instructions [--nodes 100] [--ticks 4]`` runs the refiner
 (:meth:`~services.worker.refiner.Refiner.process_group` in the worker's chunks of records, then the
 state encode of each group) over simulator records twice under valgrind: once stopping after
 the warm-up half, once through the measured half; the difference divided by the measured
@@ -44,11 +44,11 @@ def run(
 ) -> int:
     """Refine the first half of the records (warm-up) and, when ``measure``, the second half,
     ``group`` records per call; returns the samples of the measured half (0 without it)."""
+    from lab.simulate.cluster import Cluster
+    from lab.simulate.engine import Simulation
+    from lab.simulate.messages import Stream
     from pipelines.enrich import TopologyIndex
     from schemas.catalog import default_catalog
-    from services.simulate.cluster import Cluster
-    from services.simulate.engine import Simulation
-    from services.simulate.messages import Stream
     from services.worker.refiner import OutputTopics, RawRecord, Refiner
 
     start = 1_800_000_000 * S  # fixed: the same records every run
@@ -90,7 +90,7 @@ def _count(a: argparse.Namespace, measure: bool) -> tuple[int, int]:
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [
             "valgrind", "--tool=callgrind", f"--callgrind-out-file={tmp}/out",
-            sys.executable, "-m", "services.bench.instructions", "--child",
+            sys.executable, "-m", "lab.bench.instructions", "--child",
             "--nodes", str(a.nodes), "--ticks", str(a.ticks), "--group", str(a.group),
             "--interval-ms", str(a.interval_ms), *(["--spread"] if a.spread else []),
             *(["--measure"] if measure else []),
@@ -104,7 +104,7 @@ def _count(a: argparse.Namespace, measure: bool) -> tuple[int, int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m services.bench.instructions", description=__doc__)
+    ap = argparse.ArgumentParser(prog="python -m lab.bench.instructions", description=__doc__)
     ap.add_argument("--nodes", type=int, default=100)
     ap.add_argument("--ticks", type=int, default=4, help="seconds simulated; half are measured")
     ap.add_argument("--group", type=int, default=GROUP, help="records per refine call")

@@ -44,14 +44,14 @@ from typing import Any
 
 import numpy as np
 
-from services.bench.accuracy import read_json_topic
-from services.bench.figures import BenchResult
-from services.bench.harness import BenchKafka, S, percentile, records, sim_topics
-from services.simulate.cluster import Cluster
-from services.simulate.engine import Simulation
-from services.simulate.faults import Incident
-from services.simulate.messages import Stream
-from services.simulate.publish import publish
+from lab.bench.accuracy import read_json_topic
+from lab.bench.figures import BenchResult
+from lab.bench.harness import BenchKafka, S, percentile, records, sim_topics
+from lab.simulate.cluster import Cluster
+from lab.simulate.engine import Simulation
+from lab.simulate.faults import Incident
+from lab.simulate.messages import Stream
+from lab.simulate.publish import publish
 
 FAULTS = "pfc_storm:count=1,throttle:count={n},xid:count={n}"
 # raw samples per node per second of the default cluster (samples_per_node_s(S, 10); a unit
@@ -127,7 +127,7 @@ def _refined_freshness(
     import pyarrow as pa
 
     topic = prefix + "telemetry.refined"
-    from services.bench.harness import end_count
+    from lab.bench.harness import end_count
 
     n = end_count(k.conf, topic)
     per_sample: list[np.ndarray] = []
@@ -244,7 +244,7 @@ def bench_worker_freshness(
     adds when detect and the lander do not share its cores. Exporters publish every
     ``interval_ns`` with ``substeps`` GPU/NIC samples each; the node count gives the same
     samples/s at any interval. ``spread`` gives each node a phase of its own (see
-    :class:`~services.simulate.engine.Simulation`) instead of all publishing at once. Adds its
+    :class:`~lab.simulate.engine.Simulation`) instead of all publishing at once. Adds its
     figures, named ``label_*``, to ``fresh`` (the pipeline run's freshness result)."""
     per_node = samples_per_node_s(interval_ns, substeps)
     nodes = _half_load_nodes(worker_max_rate, per_node)[1]
@@ -261,7 +261,7 @@ def bench_worker_freshness(
         duration_ns=seconds * S,
         spread=spread,
     )
-    from services.bench.harness import machine_busy_s, process_cpu_s
+    from lab.bench.harness import machine_busy_s, process_cpu_s
 
     cpu0, wall0, box0 = process_cpu_s(worker.proc.pid), time.monotonic(), machine_busy_s()
     rep = publish(sim, k.kafka, sim_topics(prefix), None, speed=1.0, progress_cb=None)
@@ -329,7 +329,7 @@ def bench_pipeline(
     k.say(f"  publishing {nodes} nodes (~{nodes * SAMPLES_PER_NODE_S:,} samples/s) for {seconds}s"
           f" at speed 1 with {faults}")  # fmt: skip
     sim = Simulation(Cluster.build(nodes), faults, duration_ns=seconds * S)
-    from services.bench.harness import machine_busy_s, process_cpu_s
+    from lab.bench.harness import machine_busy_s, process_cpu_s
 
     procs = {"worker": worker, "detect": detect, "land": land}
     cpu0 = {n: process_cpu_s(c.proc.pid) for n, c in procs.items()}

@@ -4,8 +4,6 @@ exporter, and (when its module exists) SASL_SSL against plaintext."""
 from __future__ import annotations
 
 import contextlib
-import importlib
-import importlib.util
 import json
 import math
 import random
@@ -17,9 +15,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from services.bench.figures import BenchResult
-from services.bench.harness import percentile
-from services.bench.machine import REPO
+from lab.bench.figures import BenchResult
+from lab.bench.harness import percentile
+from lab.bench.machine import REPO
+from lab.ttar import extract
 
 GIB = 2**30
 S = 1_000_000_000
@@ -32,7 +31,7 @@ def bench_refine_memory(sources: int, series_per_source: int = 1000) -> BenchRes
     """Peak RSS of a subprocess holding ``sources x series_per_source`` live counter series."""
     r = BenchResult("refine_memory")
     out = subprocess.run(
-        [sys.executable, "-m", "services.bench.memory_child", str(sources), str(series_per_source)],
+        [sys.executable, "-m", "lab.bench.memory_child", str(sources), str(series_per_source)],
         capture_output=True,
         text=True,
         cwd=REPO,
@@ -194,10 +193,10 @@ def bench_lake(
     compacted lake of ``query_rows`` samples against one sorted file of them (default: 10^8
     in full mode, ``rows`` >= 10^6; 10 x ``rows`` otherwise), and the small-file penalty on
     ``penalty`` = (nodes, seconds, timed repeats) landed in 2 s flushes (each mode's in
-    :class:`services.bench.cli.Sizes`)."""
-    from services.lake import bench as lake
-    from services.lake import scalebench
-    from services.lake.synth_lake import LakeSpec
+    :class:`lab.bench.cli.Sizes`)."""
+    from lab.lake import bench as lake
+    from lab.lake import scalebench
+    from lab.lake.synth_lake import LakeSpec
 
     full = rows >= 1_000_000
     query_rows = query_rows or (100_000_000 if full else 10 * rows)
@@ -247,13 +246,7 @@ def bench_lake(
 
 
 def _h100_trees(root: Path) -> tuple[Path, Path]:
-    spec = importlib.util.spec_from_file_location(
-        "ttar_extract", REPO / "tests" / "fixtures" / "ttar_extract.py"
-    )
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    mod.extract(str(SYSFS_PROCFS / "procfs-fixtures.ttar"), str(root / "procfs"))
+    extract(SYSFS_PROCFS / "procfs-fixtures.ttar", root / "procfs")
     with tarfile.open(SYSFS_PROCFS / "gpud-sys-class-infiniband-h100.tar.gz") as tf:
         tf.extractall(root / "h100-raw", filter="data")
     (root / "h100" / "sys" / "class").mkdir(parents=True)
@@ -281,11 +274,11 @@ def bench_exporter(scrapes: int) -> BenchResult:
 
 def bench_sasl(quick: bool) -> BenchResult:
     """SASL_SSL (SCRAM-SHA-512 over TLS, ACLs enforced) against PLAINTEXT in one run
-    (:func:`services.security.bench.bench_sasl`): producer and consumer throughput of
+    (:func:`lab.bench.sasl.bench_sasl`): producer and consumer throughput of
     simulator raw batches, client and broker CPU per million samples, and their ratios
     (SASL_SSL / PLAINTEXT); without ``quick`` also the worker through each, whose ratios are
     figures only when both workers drained."""
-    from services.security.bench import bench_sasl as run
+    from lab.bench.sasl import bench_sasl as run
 
     r = BenchResult("sasl")
     d = run(quick=quick)

@@ -1,4 +1,4 @@
-"""refine_memory's subprocess: ``python -m services.bench.memory_child SOURCES SERIES``.
+"""refine_memory's subprocess: ``python -m lab.bench.memory_child SOURCES SERIES``.
 
 Feeds ``SOURCES`` sources x ``SERIES`` counter series, two batches each (all first batches,
 then all second batches, so every series is live at once), through
@@ -20,7 +20,7 @@ keep_heap()  # peak measured is the one a worker would have
 
 import pyarrow as pa  # noqa: E402
 
-from pipelines._bench import bench_catalog  # noqa: E402
+from lab.bench.synthetic_source import bench_catalog  # noqa: E402
 from pipelines.enrich import TopologyIndex  # noqa: E402
 from schemas.codec import encode  # noqa: E402
 from schemas.wire import SAMPLES_SCHEMA, Envelope, SourceId  # noqa: E402

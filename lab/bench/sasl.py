@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from services.broker import LocalKafka
+from lab.broker import LocalKafka
 from services.settings import KafkaSettings
 
 REPO = Path(__file__).resolve().parents[2]
@@ -62,8 +62,8 @@ class Batch:
 
 def raw_batches(nodes: int, seconds: int, seed: int = 3) -> list[Batch]:
     """The raw-topic records of a fault-free simulated cluster, encoded."""
-    from services.simulate.cluster import Cluster
-    from services.simulate.engine import Simulation, Stream
+    from lab.simulate.cluster import Cluster
+    from lab.simulate.engine import Simulation, Stream
 
     sim = Simulation(Cluster.build(nodes, seed=seed), None, seed=seed, duration_ns=seconds * 10**9)
     out = []

@@ -1,4 +1,4 @@
-"""Synthetic input for :func:`pipelines.refine.bench_refine` (pure: builds values only)."""
+"""Synthetic input for :func:`lab.bench.refine.bench_refine` (pure: builds values only)."""
 
 from __future__ import annotations
 

@@ -17,10 +17,8 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from schemas.catalog import default_catalog
-from schemas.codec import content_type_of, decode
-from services.bench.figures import BenchResult
-from services.bench.harness import (
+from lab.bench.figures import BenchResult
+from lab.bench.harness import (
     BenchKafka,
     CpuSampler,
     S,
@@ -28,11 +26,13 @@ from services.bench.harness import (
     records,
     sim_topics,
 )
-from services.bench.instructions import GROUP
-from services.bench.latency import samples_per_node_s
-from services.simulate.cluster import Cluster
-from services.simulate.engine import Simulation
-from services.simulate.publish import publish
+from lab.bench.instructions import GROUP
+from lab.bench.latency import samples_per_node_s
+from lab.simulate.cluster import Cluster
+from lab.simulate.engine import Simulation
+from lab.simulate.publish import publish
+from schemas.catalog import default_catalog
+from schemas.codec import content_type_of, decode
 from services.worker.refiner import OutputTopics, RawRecord, Refiner
 
 # the backlog's topics, stamped with the simulated arrival of each record
@@ -95,8 +95,8 @@ def _in_process(kept: list[RawRecord], sim: Simulation, r: BenchResult) -> float
     ``GROUP`` records: the worker's ``refine_chunk``, a unit test keeps them equal) in this
     process, on the same records: the first half warms the state
     (first sight of every source), the second half is measured. Plus bench_refine."""
+    from lab.bench.refine import bench_refine
     from pipelines.enrich import TopologyIndex
-    from pipelines.refine import bench_refine
 
     assert sim.start_ns is not None
     topo = TopologyIndex(sim.cluster.topology(), sim.cluster.jobs(sim.start_ns))
@@ -135,7 +135,7 @@ def _in_process(kept: list[RawRecord], sim: Simulation, r: BenchResult) -> float
         "bench_refine_samples_per_s",
         synthetic["samples_per_s"],
         "samples/s",
-        note="pipelines.refine.bench_refine, synthetic 2000-row batches",
+        note="lab.bench.refine.bench_refine, synthetic 2000-row batches",
     )
     r.add("refiner_share_decode", t_decode / t_refiner if t_refiner else math.nan, "x")
     r.details["in_process"] = {
@@ -190,7 +190,7 @@ def bench_worker_throughput(
     # the worker's clock estimates and time joins then see what they would see catching up.
     # (Appended all at once, every source's clock would look up to ``ticks`` s ahead.) The
     # worker never aligns on a CreateTime stamp: each batch carries its node's exchanges with
-    # the broker on that timeline (services.simulate.publish), so it bounds every clock from
+    # the broker on that timeline (lab.simulate.publish), so it bounds every clock from
     # them as on live data; worker_rows_clock_exchange_share says whether it did.
     prefix = k.fresh_topics(create_time=INPUT_STREAMS)
     topics = sim_topics(prefix)

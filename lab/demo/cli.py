@@ -1,4 +1,4 @@
-"""``refinery demo``: the main job on a fresh machine (see services.demo.run)."""
+"""``refinery demo``: the main job on a fresh machine (see lab.demo.run)."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace, settings: RefinerySettings) -> int:
-    from services.demo.run import FAULTS, DemoOptions, dump_json, render, run_demo
+    from lab.demo.run import FAULTS, DemoOptions, dump_json, render, run_demo
 
     quick = args.quick
     lake = Path(args.lake) if args.lake else settings.lake

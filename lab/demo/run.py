@@ -6,7 +6,7 @@ publishes a simulated cluster with a PFC storm, a throttling GPU, an XID, clock 
 duplicates and malformed records (topology and job placement first), waits until every stage
 has caught up, stops everything it started (also on Ctrl-C) and prints what the lake says:
 the accounting, the alerts with their causes and the top findings of the named queries; last,
-the lake compared with the simulator's truth (:mod:`services.verify`), whose goals decide the
+the lake compared with the simulator's truth (:mod:`lab.verify`), whose goals decide the
 exit status.
 """
 
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from services.demo.procs import Child, end_offsets, group_lag, lag_by_topic, spawn, wait_until
+from lab.demo.procs import Child, end_offsets, group_lag, lag_by_topic, spawn, wait_until
 from services.settings import KafkaSettings, RefinerySettings
 
 FAULTS = "pfc_storm:count=1,throttle:count=1,xid:count=1,clock,dup,malformed"
@@ -46,7 +46,7 @@ def run_demo(
 ) -> dict[str, Any]:
     """Run the demo; returns the summary (also what ``--json`` prints). Raises on failure
     after stopping everything it started."""
-    from services.broker import LocalKafka
+    from lab.broker import LocalKafka
 
     started_broker: LocalKafka | None = None
     children: list[Child] = []
@@ -139,9 +139,9 @@ def run_demo(
             say,
         )
 
-        from services.simulate.cluster import Cluster
-        from services.simulate.engine import Simulation
-        from services.simulate.publish import Topics, publish
+        from lab.simulate.cluster import Cluster
+        from lab.simulate.engine import Simulation
+        from lab.simulate.publish import Topics, publish
 
         truth = settings.home / "demo-truth" / "truth.parquet"
         truth.parent.mkdir(parents=True, exist_ok=True)
@@ -226,8 +226,8 @@ def run_demo(
         summary["prefix"] = prefix
         summary["seconds"] = round(time.monotonic() - t0, 1)
         summary["raw_end_offsets"] = sum(end_offsets(conf, inputs).values())
-        from services.verify.verdict import render as render_verdict
-        from services.verify.verdict import verify
+        from lab.verify.verdict import render as render_verdict
+        from lab.verify.verdict import verify
 
         verdict = verify(opts.lake, truth)
         summary["verify"] = verdict.as_dict()

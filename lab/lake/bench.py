@@ -4,12 +4,12 @@
   one plain ``pyarrow.parquet.write_table`` of the same tables. Goal: ratio >= 0.8. fsync
   time is reported apart.
 - :func:`bench_bytes_per_sample`: bytes per refined sample after compaction, on realistic data
-  (:mod:`services.lake.synth`), with the biggest columns. Goal: <= 6 B/sample.
+  (:mod:`lab.lake.synth`), with the biggest columns. Goal: <= 6 B/sample.
 - the named queries, compacted lake against one sorted file at 10^8 samples, and the
-  small-file penalty: :mod:`services.lake.scalebench`.
+  small-file penalty: :mod:`lab.lake.scalebench`.
 
 ``rows`` sets the size (approximate; default small for a quick run). ``refinery bench`` wires
-these in; ``python -m services.lake.bench ROWS`` runs them all.
+these in; ``python -m lab.lake.bench ROWS`` runs them all.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from services.lake import synth
+from lab.lake import synth
 from services.lake.compact import Compactor
 from services.lake.writer import LakeWriter
 
@@ -139,7 +139,7 @@ def bench_bytes_per_sample(rows: int = 500_000, chunk_rows: int = 20_000) -> dic
 def run_all(rows: int = 200_000, query_rows: int | None = None) -> dict[str, Any]:
     """Every lake benchmark: landing and bytes/sample at about ``rows`` rows, the named
     queries at ``query_rows`` (default 10 x ``rows``) and the small-file penalty."""
-    from services.lake import scalebench
+    from lab.lake import scalebench
 
     return {
         "landing": bench_landing(rows),

@@ -2,7 +2,7 @@
 small-file penalty.
 
 :func:`bench_queries_at_scale` writes (or reuses, given ``cache``) the two lakes of
-:func:`services.lake.synth_lake.write_lakes` — 128 nodes x 106 series x ~2 h at 10^8 rows — and
+:func:`lab.lake.synth_lake.write_lakes` — 128 nodes x 106 series x ~2 h at 10^8 rows — and
 times every named query on both with the parameters of :func:`query_params`: a 15-minute window
 around the injected incident (one hour for ``job_busbw``), the defaults otherwise. Runs
 alternate between the layouts so that load from other work falls on both alike; the figure is
@@ -12,7 +12,7 @@ the median. Goals: compacted / single file <= 1.3 and <= 2 s per query.
 12 M samples) as the landing service would — one flush per source partition every 2 s, so
 3,600 files — times the same queries on it, compacts it and times them again.
 
-Reproduce: ``python -m services.lake.scalebench --cache /tmp/lake-bench --json out.json``
+Reproduce: ``python -m lab.lake.scalebench --cache /tmp/lake-bench --json out.json``
 (about 4 minutes to write the 10^8-sample lakes once on 2 cores, ~1 GB of disk; later runs
 reuse them), or ``refinery bench --only lake`` (full mode; quick mode runs it at 10^6).
 """
@@ -37,15 +37,15 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
-from services.lake import sqlload
-from services.lake.compact import Compactor
-from services.lake.synth_lake import (
+from lab.lake.synth_lake import (
     Dictionaries,
     LakeSpec,
     node_samples,
     write_lakes,
     write_side_datasets,
 )
+from services.lake import sqlload
+from services.lake.compact import Compactor
 from services.lake.writer import LakeWriter
 
 GENERATOR_VERSION = 2  # bump when synth_lake's output changes: cached lakes are rebuilt
@@ -254,9 +254,9 @@ def bench_small_file_penalty(
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m services.lake.scalebench [--rows N] [--cache DIR] [--json FILE]``."""
+    """``python -m lab.lake.scalebench [--rows N] [--cache DIR] [--json FILE]``."""
     p = argparse.ArgumentParser(
-        prog="python -m services.lake.scalebench",
+        prog="python -m lab.lake.scalebench",
         description="Named queries at scale (compacted lake vs one sorted file) and the "
         "small-file penalty.",
     )

@@ -3,7 +3,7 @@
 Landing 10^8 samples through :class:`~services.lake.writer.LakeWriter` and compacting them
 takes longer than the query benchmark itself, and builds 2 GB+ of Python strings on the way.
 :func:`write_lakes` instead generates the refined samples of ``spec.nodes`` nodes (the same
-106 series per node, value models and enrichment as :func:`services.lake.synth.refined_samples`)
+106 series per node, value models and enrichment as :func:`lab.lake.synth.refined_samples`)
 one node at a time, vectorised (numpy indices into shared Arrow dictionaries; no per-row
 Python), in the samples dataset's sort order, and writes them twice:
 
@@ -34,8 +34,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from lab.lake import synth
 from schemas.records import REFINED_SCHEMA
-from services.lake import synth
 from services.lake.compact import Compactor
 from services.lake.datasets import COLLECTIVES_LAKE_SCHEMA, DATASETS, JOBS_SCHEMA, conform
 from services.lake.layout import HOUR_NS, LakePaths, file_name, hour_of

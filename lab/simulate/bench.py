@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import time
 
-from services.simulate.cluster import Cluster
-from services.simulate.engine import Simulation, Stream
+from lab.simulate.cluster import Cluster
+from lab.simulate.engine import Simulation, Stream
 
 S = 1_000_000_000
 

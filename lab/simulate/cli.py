@@ -60,7 +60,7 @@ def add_parser(subparsers: Any) -> None:
     )
     p.add_argument("--seed", type=int, required=True)
     p.add_argument(
-        "--faults", default="none", help='"all", "none" or a list, see services.simulate.faults'
+        "--faults", default="none", help='"all", "none" or a list, see lab.simulate.faults'
     )
     p.add_argument("--truth", default=None, help="truth Parquet file (siblings FILE.*.parquet)")
     p.add_argument("--topic-prefix", default="", help="prefix for every topic name")
@@ -71,11 +71,11 @@ def add_parser(subparsers: Any) -> None:
 
 
 def cmd_simulate(args: argparse.Namespace, settings: RefinerySettings) -> int:
-    from services.simulate.cluster import Cluster
-    from services.simulate.engine import Simulation
-    from services.simulate.faults import parse_faults
-    from services.simulate.publish import Topics, publish
-    from services.simulate.truth import load_truth
+    from lab.simulate.cluster import Cluster
+    from lab.simulate.engine import Simulation
+    from lab.simulate.faults import parse_faults
+    from lab.simulate.publish import Topics, publish
+    from lab.simulate.truth import load_truth
 
     interval = parse_duration_ns(args.interval)
     if args.nodes < 1 or args.substeps < 1:

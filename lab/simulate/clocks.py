@@ -16,8 +16,8 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
+from lab.simulate.faults import FaultKind, FaultSpec, S
 from schemas.wire import ClockBlock, SyncState
-from services.simulate.faults import FaultKind, FaultSpec, S
 
 
 @dataclass

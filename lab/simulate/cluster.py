@@ -25,8 +25,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from lab.simulate.gen import netdev_of
 from schemas.records import EntityKind, JobPlacement, RankPlacement, TopologyEntity
-from services.simulate.gen import netdev_of
 
 POD_SIZE = 16
 RACK_SIZE = 4

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
+from lab.simulate.cluster import Cluster, Job
+from lab.simulate.faults import FaultKind, Incident
 from schemas.wire import COLLECTIVES_SCHEMA
-from services.simulate.cluster import Cluster, Job
-from services.simulate.faults import FaultKind, Incident
 
 BYTES = 256 * 1024 * 1024
 

@@ -2,7 +2,7 @@
 
 :class:`Simulation` yields :class:`Tick` objects. A tick holds the :class:`Message` s whose true
 arrival time at the broker (``due_ns``) falls in it, ordered by ``due_ns``; a publisher sends
-each one when the wall clock reaches it (see :mod:`services.simulate.publish`). Per node and
+each one when the wall clock reaches it (see :mod:`lab.simulate.publish`). Per node and
 tick there is one batch per exporter — ``node`` (cpu, mem; 1 sample per tick), ``gpu`` and
 ``nic`` (``substeps`` samples per tick each, default 10: the exporters sample at 10 Hz and
 publish once a tick) — plus an ``events`` batch when something happened, and per job one
@@ -30,12 +30,11 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from schemas.wire import Envelope, PayloadKind, SourceId
-from services.simulate.clocks import NodeClocks
-from services.simulate.cluster import Cluster
-from services.simulate.collectives import CollectiveGen
-from services.simulate.events import events_between, events_table
-from services.simulate.faults import (
+from lab.simulate.clocks import NodeClocks
+from lab.simulate.cluster import Cluster
+from lab.simulate.collectives import CollectiveGen
+from lab.simulate.events import events_between, events_table
+from lab.simulate.faults import (
     FaultKind,
     FaultSpec,
     Incident,
@@ -44,7 +43,7 @@ from services.simulate.faults import (
     parse_faults,
     plan_window,
 )
-from services.simulate.gen import (
+from lab.simulate.gen import (
     Effects,
     GpuGen,
     NicGen,
@@ -53,9 +52,10 @@ from services.simulate.gen import (
     nic_layout,
     node_layout,
 )
-from services.simulate.inject import inject_faults
-from services.simulate.layout import TableBuilder
-from services.simulate.messages import Message, SendKind, Stream, Tick
+from lab.simulate.inject import inject_faults
+from lab.simulate.layout import TableBuilder
+from lab.simulate.messages import Message, SendKind, Stream, Tick
+from schemas.wire import Envelope, PayloadKind, SourceId
 
 WINDOW_MAX_NS = 120 * S
 EXPORTERS = ("node", "gpu", "nic")

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
+from lab.simulate.faults import FaultKind, Incident
 from schemas.wire import EVENTS_SCHEMA
-from services.simulate.faults import FaultKind, Incident
 
 XID_TEXT = {
     79: ("critical", "GPU has fallen off the bus."),

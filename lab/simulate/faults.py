@@ -44,9 +44,9 @@ from typing import Any
 
 import numpy as np
 
+from lab.simulate.cluster import Cluster
 from schemas.errors import ConfigError
 from schemas.reasons import REFINER_REASONS, Reason
-from services.simulate.cluster import Cluster
 
 S = 1_000_000_000
 

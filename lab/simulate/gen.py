@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from services.simulate.layout import Layout
+from lab.simulate.layout import Layout
 
 LINE_WORDS_PER_S = 400e9 / 8 / 4
 U32 = (1 << 32) - 1

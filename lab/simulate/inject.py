@@ -12,12 +12,12 @@ from collections.abc import Callable
 import numpy as np
 import pyarrow as pa
 
+from lab.simulate import malformed
+from lab.simulate.clocks import NodeClocks
+from lab.simulate.faults import FaultKind, FaultSpec, S
+from lab.simulate.messages import Message, SendKind, Stream
 from schemas.reasons import RECORD_REASONS, Reason
 from schemas.wire import Envelope
-from services.simulate import malformed
-from services.simulate.clocks import NodeClocks
-from services.simulate.faults import FaultKind, FaultSpec, S
-from services.simulate.messages import Message, SendKind, Stream
 
 # (node index, source-clock sent_ns, offset) -> envelope of the node's "custom" exporter
 EnvelopeFactory = Callable[[int, int, int], Envelope]

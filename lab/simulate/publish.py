@@ -1,4 +1,4 @@
-"""Drive a :class:`~services.simulate.engine.Simulation` into Kafka and record the truth.
+"""Drive a :class:`~lab.simulate.engine.Simulation` into Kafka and record the truth.
 
 Time mapping: the simulator's true clock is ``start_ns + simulated offset``. When the simulation
 has no ``start_ns``, :func:`publish` sets it to the wall clock at the start of publishing, and at
@@ -41,14 +41,14 @@ from typing import Any
 
 from confluent_kafka import KafkaError
 
+from lab.simulate.clocks import NodeClocks
+from lab.simulate.engine import Message, SendKind, Simulation, Stream
+from lab.simulate.truth import TruthWriter
 from pipelines.clock_bounds import Exchange, ExchangeLog
 from schemas.codec import JSON
 from schemas.wire import ClockBlock
 from services.producer import BatchProducer
 from services.settings import KafkaSettings
-from services.simulate.clocks import NodeClocks
-from services.simulate.engine import Message, SendKind, Simulation, Stream
-from services.simulate.truth import TruthWriter
 
 
 @dataclass(frozen=True)
@@ -426,7 +426,7 @@ def bench_publish(
     broker at ``bootstrap`` for about ``seconds`` of wall time (no faults, no truth)."""
     from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
-    from services.simulate.cluster import Cluster
+    from lab.simulate.cluster import Cluster
 
     tag = uuid.uuid4().hex[:8]
     topics = Topics(

@@ -41,7 +41,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from services.simulate.engine import Message, SendKind, Stream
+from lab.simulate.engine import Message, SendKind, Stream
 
 SAMPLES_TRUTH = pa.schema(
     [

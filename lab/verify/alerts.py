@@ -1,6 +1,6 @@
 """Alerts and episodes of a lake scored against a simulator run's truth.
 
-Matching is :func:`services.bench.accuracy_match.score` (the benchmark's): a detection is
+Matching is :func:`lab.bench.accuracy_match.score` (the benchmark's): a detection is
 true when it matches an injected incident, or a clock truly more than 1 s off, by rule,
 entity and time. Pipeline-health alerts are true when the pipeline really was in the state
 they report, measured from the lake itself (:func:`pipeline_signals`):
@@ -26,10 +26,10 @@ from typing import Any
 
 import duckdb
 
+from lab.bench.accuracy import _spans, input_timing
+from lab.bench.accuracy_match import AccuracyReport, Detection, Signal, score
 from pipelines.rule_config import DeadletterRule, FreshnessRule, Rule, load_rules
 from schemas.catalog import default_catalog
-from services.bench.accuracy import _spans, input_timing
-from services.bench.accuracy_match import AccuracyReport, Detection, Signal, score
 
 S = 1_000_000_000
 SLACK_NS = 5 * S
@@ -134,7 +134,7 @@ def _freshness_signals(
 ) -> list[Signal]:
     """Spans where raw records were refined more than the rule's resolve threshold after the
     truth says they reached the broker, peaking above its threshold
-    (:func:`services.bench.accuracy.input_timing` with the due time as the append time)."""
+    (:func:`lab.bench.accuracy.input_timing` with the due time as the append time)."""
     rows = _records(
         con,
         """SELECT a.raw_partition AS partition, a.raw_offset AS offset, a.ts, s.due_true_ns

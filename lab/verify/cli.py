@@ -30,8 +30,8 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace, settings: RefinerySettings) -> int:
-    from services.verify.alerts import DEFAULT_RULES
-    from services.verify.verdict import render, verify
+    from lab.verify.alerts import DEFAULT_RULES
+    from lab.verify.verdict import render, verify
 
     truth = Path(args.truth)
     if not truth.is_file():

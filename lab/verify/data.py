@@ -19,8 +19,8 @@ from typing import Any
 
 import duckdb
 
+from lab.simulate.truth import sibling
 from services.lake.sqlload import connect
-from services.simulate.truth import sibling
 
 SAMPLE_KEY = ("node", "exporter", "instance", "boot_id", "seq", "metric", "device")
 EVENT_KEY = ("node", "boot_id", "seq", "event", "device")

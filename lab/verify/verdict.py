@@ -15,10 +15,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from services.bench.accuracy_match import AccuracyReport, incident_signals
-from services.simulate.truth import load_truth
-from services.verify.alerts import DEFAULT_RULES, SLACK_NS, Run, by_rule, run_of, score_run
-from services.verify.data import ClockFigures, Counts, clock_figures, data_counts, open_run
+from lab.bench.accuracy_match import AccuracyReport, incident_signals
+from lab.simulate.truth import load_truth
+from lab.verify.alerts import DEFAULT_RULES, SLACK_NS, Run, by_rule, run_of, score_run
+from lab.verify.data import ClockFigures, Counts, clock_figures, data_counts, open_run
 
 WITHIN_BOUND_GOAL = 0.999
 PRECISION_GOAL = 0.98

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pyarrow.compute as pc
 
+from lab.simulate.truth import load_truth
 from schemas.records import refined_lineage
-from services.simulate.truth import load_truth
 from tests.integration.worker_helpers import read_all
 
 REPO = Path(__file__).resolve().parents[2]

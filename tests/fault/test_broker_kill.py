@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from services.broker import LocalKafka
+from lab.broker import LocalKafka
 from tests.fault.harness import (
     Supervised,
     acked_raw,

@@ -23,7 +23,7 @@ from typing import Any
 import duckdb
 import pytest
 
-from services.demo.procs import group_lag
+from lab.demo.procs import group_lag
 from services.lake import sqlload
 from services.lake.datasets import DATASETS
 from services.lake.writer import LakeWriter

@@ -28,8 +28,8 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
     NewTopic,
 )
 
-from services.broker import LocalKafka
-from services.demo.procs import group_lag
+from lab.broker import LocalKafka
+from lab.demo.procs import group_lag
 from services.topics import apply_topics, load_topic_specs
 from tests.fault.harness import Supervised, reconcile, refined_count, report, simulate
 from tests.integration.pipeline_harness import WORKER_CLOCK_ARGS, Run, collect, compare

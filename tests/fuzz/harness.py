@@ -17,14 +17,14 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
+from lab.simulate.cluster import Cluster
+from lab.simulate.engine import Simulation
+from lab.simulate.messages import SendKind
 from pipelines.enrich import TopologyIndex
 from schemas.catalog import Catalog, default_catalog
 from schemas.codec import ARROW, ENVELOPE_KEY, JSON, decode, encode
 from schemas.errors import RejectedInput
 from schemas.wire import Envelope
-from services.simulate.cluster import Cluster
-from services.simulate.engine import Simulation
-from services.simulate.messages import SendKind
 from services.worker.refiner import OutputTopics, RawRecord, Refiner
 
 S = 1_000_000_000

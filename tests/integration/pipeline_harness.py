@@ -15,11 +15,11 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from services.demo.procs import group_lag
+from lab.demo.procs import group_lag
+from lab.simulate.cluster import Cluster
+from lab.simulate.engine import Simulation
+from lab.simulate.publish import PublishReport, Topics, publish
 from services.settings import KafkaSettings
-from services.simulate.cluster import Cluster
-from services.simulate.engine import Simulation
-from services.simulate.publish import PublishReport, Topics, publish
 from tests.integration.worker_helpers import read_all
 
 # The simulator paces sends from Python on a 2-core box shared with the broker and the

@@ -30,8 +30,8 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
-from services.bench.harness import end_count
-from services.demo.procs import group_lag
+from lab.bench.harness import end_count
+from lab.demo.procs import group_lag
 from tests.integration.pipeline_harness import WORKER_CLOCK_ARGS, Run, drain, simulate
 from tests.integration.worker_helpers import WorkerProc, fresh_topics, read_all, start_worker
 

@@ -18,14 +18,14 @@ import pytest
 from confluent_kafka import TIMESTAMP_CREATE_TIME, Consumer
 from confluent_kafka.admin import AdminClient
 
+from lab.simulate.cluster import Cluster
+from lab.simulate.engine import Simulation
+from lab.simulate.publish import Topics, publish
+from lab.simulate.truth import load_truth
 from pipelines.clock_bounds import exchanges_of, hard_interval
 from schemas.codec import content_type_of, decode
 from schemas.errors import RejectedInput
 from services.settings import KafkaSettings
-from services.simulate.cluster import Cluster
-from services.simulate.engine import Simulation
-from services.simulate.publish import Topics, publish
-from services.simulate.truth import load_truth
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from services.broker import pid_alive
+from lab.broker import pid_alive
 
 REFINERY = [sys.executable, "-m", "services.cli"]
 pytestmark = pytest.mark.kafka

@@ -14,16 +14,16 @@ import pyarrow as pa
 import pytest
 from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, Consumer, Message
 
+from lab.simulate.cluster import Cluster
+from lab.simulate.engine import Simulation
+from lab.simulate.publish import Topics, publish
+from lab.simulate.truth import load_truth
 from pipelines.clock import ClockEstimator, align, row_errors
 from schemas.codec import content_type_of, decode
 from schemas.errors import RejectedInput
 from schemas.wire import SAMPLES_SCHEMA, Envelope, PayloadKind, SourceId
 from services.producer import BatchProducer
 from services.settings import KafkaSettings
-from services.simulate.cluster import Cluster
-from services.simulate.engine import Simulation
-from services.simulate.publish import Topics, publish
-from services.simulate.truth import load_truth
 
 pytestmark = pytest.mark.kafka
 

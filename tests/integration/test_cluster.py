@@ -11,7 +11,7 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, Producer
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
-from services.broker import LocalKafka
+from lab.broker import LocalKafka
 
 pytestmark = [pytest.mark.kafka, pytest.mark.cluster, pytest.mark.slow]
 

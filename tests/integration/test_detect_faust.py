@@ -26,7 +26,7 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
     ConfigResource,
 )
 
-from services.demo.procs import end_offsets, group_lag
+from lab.demo.procs import end_offsets, group_lag
 from tests.integration.pipeline_harness import WORKER_CLOCK_ARGS, Run, drain, simulate
 from tests.integration.test_detect_e2e import detect
 from tests.integration.worker_helpers import fresh_topics, start_worker

@@ -15,8 +15,8 @@ import pyarrow as pa
 import pytest
 from confluent_kafka import Producer
 
+from lab.lake import synth
 from schemas.codec import ARROW
-from services.lake import synth
 
 pytestmark = pytest.mark.kafka
 

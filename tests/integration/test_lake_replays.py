@@ -20,10 +20,11 @@ import pyarrow as pa
 import pytest
 from confluent_kafka import Producer
 
+from lab.lake import synth
 from pipelines.aligned import ALIGNED_COLLECTIVES_SCHEMA, ALIGNED_EVENTS_SCHEMA
 from schemas.codec import ARROW
 from schemas.records import REFINED_SCHEMA, ROLLUP_SCHEMA
-from services.lake import sqlload, synth
+from services.lake import sqlload
 from services.lake.writer import LakeWriter
 
 pytestmark = pytest.mark.kafka

@@ -25,11 +25,11 @@ import pyarrow as pa
 import pytest
 from confluent_kafka import Producer
 
+from lab.demo.procs import group_lag
 from schemas.codec import ARROW, ENVELOPE_KEY, JSON, MAX_ROWS, MAX_STRING_BYTES, decode
 from schemas.errors import RejectedInput
 from schemas.records import refined_lineage
 from schemas.wire import SAMPLES_SCHEMA, ClockBlock, Envelope, SourceId
-from services.demo.procs import group_lag
 from tests.integration.worker_helpers import (
     accounting,
     fresh_topics,

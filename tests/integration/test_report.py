@@ -21,7 +21,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from services.lake import sqlload, synth
+from lab.lake import synth
+from services.lake import sqlload
 from services.lake.datasets import DATASETS
 from services.lake.writer import LakeWriter
 from services.report.cli import build_report

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from services.broker import LocalKafka
-from services.security.bench import bench_sasl
+from lab.bench.sasl import bench_sasl
+from lab.broker import LocalKafka
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 

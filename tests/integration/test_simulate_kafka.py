@@ -11,13 +11,13 @@ import pyarrow.compute as pc
 import pytest
 from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, Consumer, Message
 
+from lab.simulate.cluster import Cluster
+from lab.simulate.engine import Simulation
+from lab.simulate.publish import Topics, bench_publish, publish
+from lab.simulate.truth import load_truth
 from schemas.codec import content_type_of, decode
 from schemas.errors import RejectedInput
 from services.settings import KafkaSettings
-from services.simulate.cluster import Cluster
-from services.simulate.engine import Simulation
-from services.simulate.publish import Topics, bench_publish, publish
-from services.simulate.truth import load_truth
 
 pytestmark = pytest.mark.kafka
 

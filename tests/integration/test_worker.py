@@ -20,10 +20,10 @@ from confluent_kafka.admin import (
     ResourceType,
 )
 
+from lab.demo.procs import group_lag
 from schemas.codec import ARROW, JSON, encode
 from schemas.records import refined_lineage
 from schemas.wire import SAMPLES_SCHEMA, Envelope, SourceId
-from services.demo.procs import group_lag
 from tests.integration.worker_helpers import (
     WorkerProc,
     accounting,

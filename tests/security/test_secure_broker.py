@@ -34,8 +34,8 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AdminClient
 
+from lab.broker_security import PRINCIPALS, SecureMaterial
 from services.security.acls import load_acl_spec
-from services.security.local import PRINCIPALS, SecureMaterial
 from services.topics import watermarks
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]

@@ -1,11 +1,11 @@
-"""Scoring alerts and episodes against simulator truth (services.bench.accuracy_match)."""
+"""Scoring alerts and episodes against simulator truth (lab.bench.accuracy_match)."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
-from services.bench.accuracy_match import detections, score
+from lab.bench.accuracy_match import detections, score
 
 S = 1_000_000_000
 RUN = (0, 120 * S)
@@ -188,7 +188,7 @@ def test_reset_and_run_end_silences_and_wraps() -> None:
 
 
 def test_alerts_the_run_explains_are_excluded_not_scored() -> None:
-    from services.bench.accuracy import run_signals
+    from lab.bench.accuracy import run_signals
 
     clocks = [{"node": "n1", "offset_ns": 0, "drift_ppm": 0.0, "synced": True, "steps": []}]
     late = [{"node": "n1", "exporter": "node", "t0_ns": 70 * S, "t1_ns": 80 * S, "late_s": 1.3}]
@@ -204,7 +204,7 @@ def test_alerts_the_run_explains_are_excluded_not_scored() -> None:
 
 
 def test_input_timing_finds_late_sources_and_refiner_lag() -> None:
-    from services.bench.accuracy import input_timing
+    from lab.bench.accuracy import input_timing
 
     def send(i: int, node: str, due_s: float) -> dict[str, Any]:
         return {"partition": 0, "offset": i, "node": node, "exporter": "node",

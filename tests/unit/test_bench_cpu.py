@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from services.bench.harness import CpuSampler, machine_busy_s
+from lab.bench.harness import CpuSampler, machine_busy_s
 
 pytestmark = pytest.mark.skipif(machine_busy_s() is None, reason="needs Linux /proc")
 

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from services.bench.figures import BenchResult
+from lab.bench.figures import BenchResult
 
 
 def _bench_json(tmp_path: Path) -> Path:

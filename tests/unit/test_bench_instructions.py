@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.bench.instructions import GROUP, main, run
+from lab.bench.instructions import GROUP, main, run
 from services.worker.app import WorkerConfig
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from services.bench.harness import S
-from services.bench.latency import (
+from lab.bench.harness import S
+from lab.bench.latency import (
     SAMPLES_PER_NODE_S,
     _half_load_nodes,
     once_warm,

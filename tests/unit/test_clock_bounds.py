@@ -186,7 +186,7 @@ def _refine(rows_ts: list[int], seq: int, sent: int, append_ns: int, clock: Cloc
             state: object, log_append: bool = True) -> list[dict[str, object]]:  # fmt: skip
     import pyarrow as pa
 
-    from pipelines._bench import bench_catalog, bench_topology
+    from lab.bench.synthetic_source import bench_catalog, bench_topology
     from pipelines.enrich import TopologyIndex
     from pipelines.refine import RawBatch, RefineState, refine_group
     from schemas.wire import SAMPLES_SCHEMA, Batch, Envelope, SourceId

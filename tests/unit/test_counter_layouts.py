@@ -8,12 +8,12 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
+from lab.simulate.cluster import Cluster
+from lab.simulate.engine import Simulation, Stream
 from pipelines.counters import CounterLayout, CounterPart, CounterState, derive_rates_group
 from pipelines.validate import validate_samples
 from schemas.catalog import default_catalog
 from schemas.wire import SAMPLES_SCHEMA, PayloadKind
-from services.simulate.cluster import Cluster
-from services.simulate.engine import Simulation, Stream
 
 S = 1_000_000_000
 T0 = 1_700_000_000 * S

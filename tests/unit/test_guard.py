@@ -174,8 +174,8 @@ def test_out_of_memory_is_not_a_record_failure() -> None:
 def test_an_envelope_integer_past_int64_is_dead_lettered_as_value_out_of_range(
     field: str,
 ) -> None:
+    from lab.simulate.malformed import _ipc, sample_table
     from schemas.codec import ENVELOPE_KEY
-    from services.simulate.malformed import _ipc, sample_table
 
     rec = _rec(1, 10)
     env = json.loads(pa.ipc.open_stream(rec.value).schema.metadata[ENVELOPE_KEY])

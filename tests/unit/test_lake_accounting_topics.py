@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from services.lake import sqlload, synth
+from lab.lake import synth
+from services.lake import sqlload
 from services.lake.datasets import ACCOUNTING_SCHEMA, conform
 from services.lake.writer import LakeWriter
 

@@ -17,7 +17,8 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from services.lake import sqlload, synth
+from lab.lake import synth
+from services.lake import sqlload
 from services.lake.compact import Compactor
 from services.lake.layout import hour_of
 from services.lake.writer import LakeWriter

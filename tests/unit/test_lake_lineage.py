@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from services.lake import synth
+from lab.lake import synth
 from services.lake.datasets import DATASETS, conform
 from services.lake.lineage import IDENTITIES, Identity, Landed, LineageIndex
 from services.lake.writer import LakeWriter

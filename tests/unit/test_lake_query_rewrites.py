@@ -15,7 +15,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from services.lake import sqlload, synth
+from lab.lake import synth
+from services.lake import sqlload
 from services.lake.datasets import TOPOLOGY_SCHEMA
 from services.lake.writer import LakeWriter
 

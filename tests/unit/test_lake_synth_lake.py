@@ -9,10 +9,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from services.lake import scalebench
+from lab.lake import scalebench
+from lab.lake.synth_lake import Dictionaries, LakeSpec, node_samples, write_lakes
 from services.lake.compact import Compactor
 from services.lake.layout import LakePaths
-from services.lake.synth_lake import Dictionaries, LakeSpec, node_samples, write_lakes
 from services.lake.writer import LakeWriter, sort_table
 
 SPEC = LakeSpec(nodes=8, seconds=200, partitions=4, start_ns=LakeSpec().start_ns - 100 * 10**9)

@@ -14,8 +14,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
+from lab.lake import synth
 from schemas.records import REFINED_SCHEMA
-from services.lake import synth
 from services.lake.layout import HOUR_NS
 from services.lake.writer import LakeWriter, encode_strings, sort_table
 
@@ -70,7 +70,7 @@ def test_table_spanning_hours_splits_into_unique_files_atomically(tmp_path: Path
 
 def _land_in_child(root: Path, crash_at: str, start: int) -> int:
     code = (
-        "import sys; from services.lake import synth; from services.lake.writer import LakeWriter\n"
+        "import sys; from lab.lake import synth; from services.lake.writer import LakeWriter\n"
         f"t = synth.refined_samples(nodes=1, seconds=20, start_ns={start})\n"
         f"LakeWriter({str(root)!r}, crash_at={crash_at!r}).land('samples', t, partition=0,"
         " first=5, last=9)\n"

@@ -309,7 +309,8 @@ def test_the_lake_counts_an_interfaces_rows_on_the_rdma_port_behind_it(tmp_path:
     import numpy as np
     import pyarrow.compute as pc
 
-    from services.lake import sqlload, synth
+    from lab.lake import synth
+    from services.lake import sqlload
     from services.lake.datasets import TOPOLOGY_SCHEMA
     from services.lake.writer import LakeWriter
 

@@ -9,7 +9,6 @@ Trees (unpacked once per session into a temporary directory, never committed):
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import shutil
 import tarfile
@@ -19,6 +18,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
+from lab.ttar import extract
 from schemas.catalog import Catalog, default_catalog
 from schemas.codec import JSON, decode, encode
 from schemas.wire import SAMPLES_SCHEMA, SourceId
@@ -36,11 +36,7 @@ H100_HCAS = {f"mlx5_{i}" for i in (0, 1, 4, 5, 6, 7, 8, 9)}
 
 
 def _ttar_extract(archive: Path, dest: Path) -> None:
-    spec = importlib.util.spec_from_file_location("ttar_extract", FIXTURES / "ttar_extract.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    mod.extract(str(archive), str(dest))
+    extract(archive, dest)
 
 
 @pytest.fixture(scope="session")

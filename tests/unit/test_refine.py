@@ -8,9 +8,10 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipelines._bench import bench_catalog, bench_topology
+from lab.bench.refine import bench_refine
+from lab.bench.synthetic_source import bench_catalog, bench_topology
 from pipelines.enrich import TopologyIndex
-from pipelines.refine import RefineState, bench_refine, refine_batch
+from pipelines.refine import RefineState, refine_batch
 from schemas.records import REFINED_SCHEMA
 from schemas.wire import SAMPLES_SCHEMA, Batch, ClockBlock, Envelope, SourceId
 

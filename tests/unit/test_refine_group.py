@@ -10,6 +10,8 @@ from dataclasses import replace
 import pyarrow as pa
 import pytest
 
+from lab.simulate.cluster import Cluster
+from lab.simulate.engine import Simulation, Stream
 from pipelines.enrich import TopologyIndex
 from pipelines.refine import (
     RawBatch,
@@ -21,8 +23,6 @@ from pipelines.refine import (
 )
 from schemas.catalog import default_catalog
 from schemas.wire import Batch, PayloadKind
-from services.simulate.cluster import Cluster
-from services.simulate.engine import Simulation, Stream
 
 S = 1_000_000_000
 T0 = 1_700_000_000 * S

@@ -10,12 +10,12 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from lab.simulate.cluster import Cluster
+from lab.simulate.engine import Simulation
+from lab.simulate.messages import Stream
 from pipelines.enrich import TopologyIndex
 from schemas.catalog import default_catalog
 from schemas.codec import ipc_stream, ipc_stream_within
-from services.simulate.cluster import Cluster
-from services.simulate.engine import Simulation
-from services.simulate.messages import Stream
 from services.worker.refiner import OutputTopics, RawRecord, Refiner, _WaveRows
 
 S = 1_000_000_000

@@ -10,17 +10,17 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
+from lab.simulate.bench import bench_generate
+from lab.simulate.cli import parse_duration_ns
+from lab.simulate.cluster import Cluster
+from lab.simulate.engine import Message, SendKind, Simulation, Stream
+from lab.simulate.faults import FaultKind, parse_faults
+from lab.simulate.malformed import SAMPLE_REASONS
+from lab.simulate.truth import TruthWriter, load_truth
 from schemas.codec import decode
 from schemas.errors import ConfigError, RejectedInput
 from schemas.reasons import RECORD_REASONS, REFINER_REASONS, Reason
 from schemas.records import EntityKind
-from services.simulate.bench import bench_generate
-from services.simulate.cli import parse_duration_ns
-from services.simulate.cluster import Cluster
-from services.simulate.engine import Message, SendKind, Simulation, Stream
-from services.simulate.faults import FaultKind, parse_faults
-from services.simulate.malformed import SAMPLE_REASONS
-from services.simulate.truth import TruthWriter, load_truth
 
 S = 1_000_000_000
 T0 = 1_700_000_000 * S
@@ -444,7 +444,7 @@ def test_bench_generate_reports_samples_per_second() -> None:
 def test_cli_parser_accepts_the_documented_flags() -> None:
     import argparse
 
-    from services.simulate.cli import add_parser, cmd_simulate
+    from lab.simulate.cli import add_parser, cmd_simulate
 
     p = argparse.ArgumentParser()
     add_parser(p.add_subparsers())

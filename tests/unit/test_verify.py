@@ -13,8 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from services.lake.writer import LakeWriter
-from services.simulate.truth import (
+from lab.simulate.truth import (
     COLLECTIVES_TRUTH,
     EVENTS_TRUTH,
     SAMPLES_TRUTH,
@@ -22,7 +21,8 @@ from services.simulate.truth import (
     run_path,
     sibling,
 )
-from services.verify.verdict import render, verify
+from lab.verify.verdict import render, verify
+from services.lake.writer import LakeWriter
 
 S = 1_000_000_000
 SEED = 20431  # this test's own
