@@ -176,6 +176,11 @@ class ClockEstimator:
     # measured anew every ``_SCATTER_EVERY`` points (it moves slowly; ~95 k instructions)
     scatter: tuple[int, float] | None = None
     last: ClockEstimate = UNKNOWN
+    # how far the model's offset may have been beyond its own bound, as the exchanges of the
+    # last batches that carried any proved it (the far end of their hard interval): added to
+    # the bound of a batch that carries none (a loaded host's minimum delay breaks the model's
+    # assumed 0.2-2 ms; the bound widens rather than lie)
+    excess: deque[int] = field(default_factory=lambda: deque(maxlen=_EXCESS_KEPT))
     _fit: tuple[float, float, int, float] | None = None  # a, b, xa, median gap
     # caches of ``points``, kept up to date as points come and go (None: rebuilt from the
     # points when next needed); not state. The hull of a full window was rebuilt per batch
@@ -204,7 +209,23 @@ class ClockEstimator:
             est = bounded(self.last, int(sent_ns), clock, self.settings.plausible_drift_ppm)
             return est if est.basis == "exchange" else replace(est, basis="create_time")
         self.last = self._observe(sent_ns, arrival_ns, clock)
-        return bounded(self.last, int(sent_ns), clock, self.settings.plausible_drift_ppm)
+        est = bounded(self.last, int(sent_ns), clock, self.settings.plausible_drift_ppm)
+        if est.basis == "exchange" and clock is not None and clock.exchanges:
+            self._calibrate(int(sent_ns), clock)
+        elif self.excess:
+            est = replace(est, error_ns=est.error_ns + max(self.excess))
+        return est
+
+    def _calibrate(self, x: int, clock: ClockBlock) -> None:
+        """Keep how far the model's offset at ``x`` may lie beyond its bound: its distance
+        to the far end of the exchanges' hard interval, less its own bound."""
+        hard = hard_interval(
+            exchanges_of(clock.exchanges or []), x, self.settings.plausible_drift_ppm
+        )
+        if hard is None or self.last is UNKNOWN:
+            return
+        m = self.last.offset_at(x)
+        self.excess.append(max(0, max(m - hard[0], hard[1] - m) - self.last.error_ns))
 
     def _observe(self, sent_ns: int, arrival_ns: int, clock: ClockBlock | None) -> ClockEstimate:
         s = self.settings
@@ -419,6 +440,7 @@ class ClockEstimator:
             "back_step_ns": self.back_step_ns,
             "back_step_drift": self.back_step_drift,
             "scatter": list(self.scatter) if self.scatter is not None else None,
+            "excess": list(self.excess),
         }
 
     def to_parts(self) -> tuple[dict[str, Any], bytes | None]:
@@ -456,6 +478,7 @@ class ClockEstimator:
         est.back_step_drift = float(doc.get("back_step_drift", 0.0))
         if doc.get("scatter") is not None:
             est.scatter = (int(doc["scatter"][0]), float(doc["scatter"][1]))
+        est.excess.extend(int(v) for v in doc.get("excess", []))
         if est.points:
             x = est.points[-1][0]
             est.last = est._estimate(x, False, None)
@@ -503,6 +526,7 @@ def _hull_scatter(hull: list[tuple[int, int]], pts: deque[tuple[int, int]], xy: 
 # them, 300 batches each, unchanged)
 _BENDS = ((32, 4, 8.0), (96, 8, 16.0))
 _SCATTER_EVERY = 8
+_EXCESS_KEPT = 32
 
 
 def _slope_at(hull: list[tuple[int, int]], x: float) -> float | None:
