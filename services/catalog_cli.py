@@ -79,7 +79,7 @@ def unmapped_names(
 def _read(settings: RefinerySettings, topic: str, limit: int, idle: float) -> list[Any]:
     from confluent_kafka import Consumer, TopicPartition
 
-    from services.kafka_log import require_cluster
+    from services.kafka.log import require_cluster
 
     conf = settings.kafka().librdkafka()
     require_cluster(conf)

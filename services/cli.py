@@ -206,7 +206,7 @@ def one_line(e: ValidationError) -> str:
 def _kafka_failure(e: BaseException) -> str | None:
     """One line for a Kafka client's failure to use the cluster (confluent-kafka's
     KafkaException, aiokafka's errors), naming the address; None for anything else."""
-    from services.kafka_log import describe
+    from services.kafka.log import describe
 
     mod = type(e).__module__
     if type(e).__name__ == "KafkaException" or mod.startswith(("aiokafka", "kafka.")):

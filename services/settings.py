@@ -58,7 +58,7 @@ class KafkaSettings(BaseSettings):
 
     def librdkafka(self) -> dict[str, Any]:
         """Options for confluent-kafka clients (librdkafka names)."""
-        from services.kafka_log import KAFKA_LOG
+        from services.kafka.log import KAFKA_LOG
 
         conf: dict[str, Any] = {
             "bootstrap.servers": self.bootstrap_servers,

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from schemas.errors import ConfigError
 from schemas.ingest import Format
-from services.kafka_log import cluster_metadata
+from services.kafka.log import cluster_metadata
 
 DEFAULT_SPEC = Path(__file__).resolve().parent.parent / "deploy" / "topics.yaml"
 

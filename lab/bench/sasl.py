@@ -5,7 +5,7 @@
 moves the same simulator raw batches (Arrow IPC, encoded once beforehand, as exporters send
 them) into ``telemetry.raw`` of each with plain confluent-kafka clients:
 
-- produce: one producer configured as :class:`services.producer.BatchProducer` is
+- produce: one producer configured as :class:`services.kafka.producer.BatchProducer` is
   (idempotent, ``acks=all``, zstd), principal ``refinery-exporter`` when secure; timed from
   the first send until every record is acknowledged;
 - consume: a consumer (principal ``refinery-worker``) reading exactly those records back,

@@ -97,7 +97,7 @@ def cmd_simulate(args: argparse.Namespace, settings: RefinerySettings) -> int:
     kafka = settings.kafka()
     if args.bootstrap:
         kafka = KafkaSettings(**{**kafka.model_dump(), "bootstrap_servers": args.bootstrap})
-    from services.kafka_log import require_cluster
+    from services.kafka.log import require_cluster
 
     require_cluster(kafka.librdkafka())  # first contact: one line, exit 1
     pre = args.topic_prefix

@@ -47,7 +47,7 @@ from lab.simulate.truth import TruthWriter
 from pipelines.clock_bounds import Exchange, ExchangeLog
 from schemas.codec import JSON
 from schemas.wire import ClockBlock
-from services.producer import BatchProducer
+from services.kafka.producer import BatchProducer
 from services.settings import KafkaSettings
 
 

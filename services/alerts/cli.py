@@ -31,7 +31,7 @@ def cmd_alerts_tail(args: argparse.Namespace, settings: RefinerySettings) -> int
 
 
 def cmd_alerts_forward(args: argparse.Namespace, settings: RefinerySettings) -> int:
-    from services.kafka_log import require_cluster
+    from services.kafka.log import require_cluster
 
     require_cluster(settings.kafka().librdkafka())  # first contact: one line, exit 1
     ws = WebhookSettings(

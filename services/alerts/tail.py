@@ -20,7 +20,7 @@ from pydantic import ValidationError
 
 from schemas.errors import RefineryError
 from schemas.records import Alert, Severity
-from services.kafka_internals import LIBRDKAFKA_CONSUMER_BOUNDS
+from services.kafka.internals import LIBRDKAFKA_CONSUMER_BOUNDS
 
 DEFAULT_TOPIC = "telemetry.alerts"
 _RANK = {Severity.INFO: 0, Severity.WARNING: 1, Severity.CRITICAL: 2}

@@ -29,7 +29,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError
 
 from schemas.errors import TransientError
-from services.kafka_internals import LIBRDKAFKA_CONSUMER_BOUNDS
+from services.kafka.internals import LIBRDKAFKA_CONSUMER_BOUNDS
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """``refinery detect`` (default engine): the rules, episodes, stragglers and rollups evaluated
 in the stream by a Faust agent. :func:`build_detect_app` builds the app (no module-level App);
-run it with :func:`services.worker.app.run_worker`.
+run it with :func:`services.kafka.group.run_worker`.
 
 One agent, ``detect``, reads telemetry.refined, telemetry.events.aligned,
 telemetry.collectives.aligned and telemetry.accounting (raw bytes) in arrival order and
@@ -10,7 +10,7 @@ feeds one :class:`~services.detect.detector.Detector` through
 
 Per group of records (``noack_take``): route each to the detector, advance it to the
 watermark, publish what came out and wait for the broker's acknowledgements
-(:func:`~services.worker.app.publish_acked`) — only then are the records acked, so Faust
+(:func:`~services.kafka.group.publish_acked`) — only then are the records acked, so Faust
 commits no input whose derived records might be lost. A timer advances the detector to the
 watermark and runs its time-driven checks every ``tick_s``; the watermark's high watermarks
 are the consumer's, as last fetched.
@@ -48,20 +48,20 @@ from mode import CrashingSupervisor
 
 from services.detect.core import DetectCore, DetectTopics, Span, assigned_spans
 from services.detect.detector import Detector, Emitted
-from services.faust_app import App as FaustApp
 from services.gc_pacer import GcPacer
-from services.settings import KafkaSettings
-from services.telemetry import ServiceTelemetry
-from services.worker.app import (
+from services.kafka.faust_app import App as FaustApp
+from services.kafka.feed import TopologyFeed
+from services.kafka.group import (
     Progress,
-    _credentials,
     attach_outputs,
+    credentials,
     manual_acks,
     publish_acked,
 )
-from services.worker.feed import TopologyFeed
-from services.worker.refiner import OutMessage
-from services.worker.watch import fetch_range
+from services.kafka.outputs import OutMessage
+from services.kafka.watch import fetch_range
+from services.settings import KafkaSettings
+from services.telemetry import ServiceTelemetry
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +111,7 @@ def build_detect_app(
     app = FaustApp(
         cfg.group,
         broker=kafka.faust_broker(),
-        broker_credentials=_credentials(kafka),
+        broker_credentials=credentials(kafka),
         broker_session_timeout=kafka.session_timeout_s,
         broker_heartbeat_interval=kafka.heartbeat_interval_s,
         autodiscover=False,
@@ -210,7 +210,7 @@ def build_detect_app(
         thread while the lock keeps every other user of the detector away)."""
         from confluent_kafka import Consumer, TopicPartition
 
-        from services.kafka_internals import LIBRDKAFKA_CONSUMER_BOUNDS
+        from services.kafka.internals import LIBRDKAFKA_CONSUMER_BOUNDS
 
         c = Consumer(
             {

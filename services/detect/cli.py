@@ -68,7 +68,7 @@ def run(args: argparse.Namespace, settings: RefinerySettings) -> int:
     from schemas.catalog import default_catalog
     from services.detect.core import DetectTopics
     from services.detect.detector import DEFAULT_RULES, Detector
-    from services.kafka_log import require_cluster
+    from services.kafka.log import require_cluster
     from services.telemetry import ServiceTelemetry
 
     require_cluster(settings.kafka().librdkafka())  # first contact: one line, exit 1
@@ -99,7 +99,7 @@ def _run_faust(
     telemetry: ServiceTelemetry,
 ) -> int:
     from services.detect.agent import DetectConfig, build_detect_app
-    from services.worker.app import run_worker
+    from services.kafka.group import run_worker
 
     cfg = DetectConfig(
         group=args.group,

@@ -32,9 +32,9 @@ import pyarrow.compute as pc
 from pipelines.enrich import TopologyIndex
 from schemas.codec import ipc_stream
 from services.detect.detector import Detector, Emitted
+from services.kafka.feed import TopologyFeed
+from services.kafka.outputs import OutMessage
 from services.telemetry import ServiceTelemetry
-from services.worker.feed import TopologyFeed
-from services.worker.refiner import OutMessage
 
 ARROW_HEADERS = [("content-type", b"application/vnd.apache.arrow.stream")]
 

@@ -24,9 +24,9 @@ from typing import Any
 
 from services.detect.core import DetectCore, DetectTopics, assigned_spans, low_watermark
 from services.detect.detector import Detector, Emitted
-from services.kafka_internals import LIBRDKAFKA_CONSUMER_BOUNDS
+from services.kafka.feed import TopologyFeed
+from services.kafka.internals import LIBRDKAFKA_CONSUMER_BOUNDS
 from services.telemetry import ServiceTelemetry
-from services.worker.feed import TopologyFeed
 
 __all__ = ["DetectService", "DetectTopics", "low_watermark"]
 

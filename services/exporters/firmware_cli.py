@@ -27,7 +27,7 @@ from schemas.catalog import default_catalog
 from schemas.errors import ConfigError
 from schemas.wire import ClockBlock, Envelope, PayloadKind, SourceId
 from services.exporters.refused import Refusals
-from services.producer import initial_seq
+from services.kafka.producer import initial_seq
 from services.settings import RefinerySettings
 from services.telemetry import ServiceTelemetry
 from services.topology.cli import command_group
@@ -74,7 +74,7 @@ class BatchSink:
         self.seq = initial_seq()
         self.refused = Refusals("export", settings.kafka().bootstrap_servers)
         if not stdout:  # first contact: one line and exit 1 when the cluster cannot be used
-            from services.kafka_log import require_cluster
+            from services.kafka.log import require_cluster
 
             require_cluster(settings.kafka().librdkafka())
 
@@ -94,7 +94,7 @@ class BatchSink:
             sys.stdout.flush()
             return
         if topic not in self._producers:
-            from services.producer import BatchProducer
+            from services.kafka.producer import BatchProducer
 
             self._producers[topic] = BatchProducer(
                 self._settings.kafka(), topic=topic, on_delivery=self.refused.for_topic(topic)

@@ -40,7 +40,7 @@ from services.exporters.chrony import Tracking, read_chrony
 from services.exporters.nvml import NvmlCollector
 from services.exporters.procfs import SampleBuffer, collect_procfs, read_boot_id
 from services.exporters.sysfs import OpenFiles, SysfsPlan, discover, read_entries
-from services.producer import initial_seq
+from services.kafka.producer import initial_seq
 
 EXPORTER = "node"
 

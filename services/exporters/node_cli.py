@@ -3,7 +3,7 @@
     refinery export node [--interval 1s] [--once] [--stdout] [--procfs DIR] [--sysfs DIR] [--json]
 
 - ``--stdout`` prints each batch in the JSON wire encoding, one per line, and needs no Kafka.
-- Without ``--stdout`` batches go to Kafka through :class:`services.producer.BatchProducer`
+- Without ``--stdout`` batches go to Kafka through :class:`services.kafka.producer.BatchProducer`
   (Arrow IPC, or JSON with ``--json``), keyed by node.
 - ``--once`` scrapes once and exits; otherwise it scrapes every ``--interval`` until
   interrupted, on a fixed schedule (a slow scrape does not shift the next ones).
@@ -93,8 +93,8 @@ def cmd_export_node(args: argparse.Namespace, settings: RefinerySettings) -> int
     producer: Any = None
     refused = Refusals("export node", settings.kafka().bootstrap_servers)
     if not args.stdout:
-        from services.kafka_log import require_cluster
-        from services.producer import BatchProducer
+        from services.kafka.log import require_cluster
+        from services.kafka.producer import BatchProducer
 
         require_cluster(settings.kafka().librdkafka())
         producer = BatchProducer(

@@ -8,7 +8,7 @@ from typing import Any
 
 
 class Refusals:
-    """A :data:`services.producer.DeliveryCallback` counting refused batches; retriable errors
+    """A :data:`services.kafka.producer.DeliveryCallback` counting refused batches; retriable errors
     (the producer retries or spools them) do not count."""
 
     def __init__(self, command: str, bootstrap: str) -> None:

@@ -152,8 +152,8 @@ def cmd_export_scrape(args: argparse.Namespace, settings: RefinerySettings) -> i
     targets = [target_of(u, args.node) for u in args.target]
     producer: Any = None
     if not args.stdout:
-        from services.kafka_log import require_cluster
-        from services.producer import BatchProducer
+        from services.kafka.log import require_cluster
+        from services.kafka.producer import BatchProducer
 
         require_cluster(settings.kafka().librdkafka())
         producer = BatchProducer(

@@ -50,7 +50,7 @@ def cmd_land(args: argparse.Namespace, settings: RefinerySettings) -> int:
     conf = {**settings.kafka().librdkafka(), "group.id": args.group}
     if args.instance_id:  # static membership: a restarted lander takes over at once
         conf["group.instance.id"] = args.instance_id
-    from services.kafka_log import require_cluster
+    from services.kafka.log import require_cluster
 
     require_cluster(conf)  # first contact: one line naming the address and the cause
     writer = LakeWriter(settings.lake)

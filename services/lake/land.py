@@ -32,7 +32,7 @@ from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from schemas.codec import content_type_of
 from schemas.errors import RejectedInput
-from services.kafka_internals import LIBRDKAFKA_CONSUMER_BOUNDS
+from services.kafka.internals import LIBRDKAFKA_CONSUMER_BOUNDS
 from services.lake.compact import Compactor
 from services.lake.decode import rows_of
 from services.lake.lineage import IDENTITIES, LineageIndex

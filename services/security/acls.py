@@ -183,7 +183,7 @@ def apply_acls(conf: dict[str, Any], spec: list[Acl], timeout: float = 30.0) -> 
     from confluent_kafka import KafkaException
     from confluent_kafka.admin import AdminClient
 
-    from services.kafka_log import require_cluster
+    from services.kafka.log import require_cluster
 
     require_cluster(conf, min(timeout, 15.0))  # one line, not a timeout's traceback
     admin = AdminClient({**conf, "log_level": 3})

@@ -50,7 +50,7 @@ def publish(
     the caller reruns the import, which is idempotent on a compacted topic)."""
     from confluent_kafka import Producer
 
-    from services.kafka_log import require_cluster
+    from services.kafka.log import require_cluster
 
     conf = kafka.librdkafka()
     require_cluster(conf, min(timeout, 15.0))

@@ -28,12 +28,10 @@ groups complete (or nothing waits), 503 when progress has stalled.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
 import time
-import weakref
-from collections.abc import AsyncIterator, Coroutine, Iterable
+from collections.abc import AsyncIterator, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,15 +46,21 @@ from pipelines.enrich import TopologyIndex
 from pipelines.refine import RefineSettings
 from schemas.catalog import Catalog, default_catalog
 from schemas.ingest import IngestDecoder
-from services import kafka_internals
-from services.faust_app import App as FaustApp
 from services.gc_pacer import GcPacer
+from services.kafka import internals as kafka_internals
+from services.kafka.faust_app import App as FaustApp
+from services.kafka.feed import TopologyFeed
+from services.kafka.group import (
+    Progress,
+    attach_outputs,
+    credentials,
+    manual_acks,
+)
+from services.kafka.outputs import Delivery, OutMessage, OutputProducer
+from services.kafka.watch import CommitWatch, fetch_range
 from services.settings import KafkaSettings
 from services.telemetry import ServiceTelemetry
-from services.worker.feed import TopologyFeed
-from services.worker.outputs import Delivery, OutputProducer
-from services.worker.refiner import Outcome, OutMessage, OutputTopics, RawRecord, Refiner
-from services.worker.watch import CommitWatch, fetch_range
+from services.worker.refiner import Outcome, OutputTopics, RawRecord, Refiner
 
 log = logging.getLogger(__name__)
 
@@ -97,24 +101,6 @@ class WorkerConfig:
     stall_after_s: float = 30.0
     gc_settle_every_s: float = 600.0  # full garbage collections on this schedule (GcPacer)
     refine: RefineSettings = field(default_factory=lambda: RefineSettings(seq_window=512))
-
-
-class Progress:
-    """What /health reports: whether groups keep completing while input waits, and whether
-    the group's committed offsets move while the broker holds input for this worker."""
-
-    def __init__(self) -> None:
-        self.last_group_done = time.monotonic()
-        self.last_group_started = 0.0
-        self.groups = 0
-        self.records = 0
-        self.commit_stalled_s = 0.0  # input waiting while committed offsets stood still
-
-    def healthy(self, stall_after_s: float) -> bool:
-        busy = self.last_group_started > self.last_group_done
-        if busy and time.monotonic() - self.last_group_started > stall_after_s:
-            return False
-        return self.commit_stalled_s <= stall_after_s
 
 
 class Checkpoints:
@@ -202,7 +188,7 @@ def build_app(
     app = FaustApp(
         cfg.app_id,
         broker=kafka.faust_broker(),
-        broker_credentials=_credentials(kafka),
+        broker_credentials=credentials(kafka),
         broker_session_timeout=kafka.session_timeout_s,
         broker_heartbeat_interval=kafka.heartbeat_interval_s,
         store="memory://",
@@ -612,63 +598,6 @@ def build_app(
     return app
 
 
-# the topics each aiokafka client of this process has been told to track (see track_topics)
-_TRACKED: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
-
-
-async def track_topics(app: faust.App, topics: Iterable[str]) -> None:
-    """Keep the metadata of every topic this process produces to: ``topics`` and the
-    changelogs of the app's tables.
-
-    aiokafka's producer asks the broker for the metadata of all topics until its first send to
-    a topic it does not know yet (a changelog whose creation the broker's metadata does not
-    show yet, say); from then on it asks only for the topics sent to since, and every other
-    topic drops out of its view. Batches already queued for a dropped topic then wait for a
-    leader the producer never looks up, and time out (seen as NotLeaderForPartition and a
-    30 s send timeout under load). An explicit list that only grows avoids that."""
-    client = app.producer._ensure_producer().client  # type: ignore[attr-defined]
-    tracked = _TRACKED.setdefault(client, set())
-    want = set(topics) | {t.changelog_topic.get_topic_name() for t in app.tables.values()}
-    if want <= tracked:
-        return
-    tracked |= want
-    await client.set_topics(sorted(tracked))
-
-
-def attach_outputs(app: faust.App, kafka: KafkaSettings, client_id: str) -> OutputProducer:
-    """Give ``app`` the producer its agents' outputs go through (:func:`publish_acked`)."""
-    outputs = OutputProducer(kafka, client_id)
-    app.refinery_outputs = outputs  # type: ignore[attr-defined]
-    return outputs
-
-
-async def publish_acked(app: faust.App, messages: list[OutMessage]) -> None:
-    """Send ``messages`` through the app's output producer (:func:`attach_outputs`) and wait
-    until every one is acknowledged; raise (and crash the agent) on anything else. A message
-    sent twice (by a replay) is harmless: every output carries its lineage and consumers
-    dedupe on it."""
-    await track_topics(app, ())  # the table changelogs, which the app's producer still sends
-    outputs: OutputProducer = app.refinery_outputs  # type: ignore[attr-defined]
-    await outputs.publish(messages)
-
-
-@contextlib.asynccontextmanager
-async def manual_acks(stream: Any, take_max: int, within_s: float) -> AsyncIterator[Any]:
-    """Faust's ``noack_take`` groups, whose events only the caller acks, also after the
-    groups end. ``noack_take`` turns the stream's own acks off while it runs and back on when
-    it closes, and the stream's background reader goes on reading and acking every event it
-    passes: after a failed group (the agent crashing) that acked records no agent refined,
-    and the shutdown commit committed them (seen: a worker whose outputs the broker refused
-    committed two unrefined records of a partition). On the way out, a crash included, the
-    groups are closed here at once and the stream's acks stay off."""
-    groups = stream.noack_take(take_max, within=within_s)
-    try:
-        yield groups
-    finally:
-        await groups.aclose()  # noack_take's cleanup turns the stream's acks back on ...
-        stream.enable_acks = False  # ... and nothing this process did not refine is acked
-
-
 def _put(table: Any, event: Any, key: str, blob: bytes) -> OutMessage:
     """Set a table key and return its changelog record, on the partition of the input record
     that changed it (the table is co-partitioned with its input topic), for the output
@@ -762,67 +691,3 @@ class GroupTally:
             t.gauge("refinery.clock.offset_ns", off, {"source": stream})
         for stream, err in self.errors.items():
             t.gauge("refinery.clock.error_ns", err, {"source": stream})
-
-
-def _credentials(kafka: KafkaSettings) -> Any:
-    if kafka.security_protocol == "PLAINTEXT":
-        return None
-    import ssl
-
-    ctx = None
-    if kafka.security_protocol.endswith("SSL"):
-        ctx = ssl.create_default_context(
-            cafile=str(kafka.ssl_ca_location) if kafka.ssl_ca_location else None
-        )
-        if kafka.ssl_cert_location and kafka.ssl_key_location:
-            ctx.load_cert_chain(
-                str(kafka.ssl_cert_location),
-                str(kafka.ssl_key_location),
-                kafka.ssl_key_password.get_secret_value() if kafka.ssl_key_password else None,
-            )
-    if kafka.security_protocol.startswith("SASL"):
-        return faust.SASLCredentials(
-            username=kafka.sasl_username or "",
-            password=kafka.sasl_password.get_secret_value() if kafka.sasl_password else "",
-            mechanism=kafka.sasl_mechanism,
-            ssl_context=ctx,
-        )
-    return faust.SSLCredentials(ctx)
-
-
-def run_worker(app: faust.App, loglevel: str = "warning", stop_timeout_s: float = 30.0) -> int:
-    """Run until SIGTERM/SIGINT (clean shutdown, exit 0) or a crash (non-zero exit).
-
-    A graceful stop that has not finished after ``stop_timeout_s`` (Faust can wait on a
-    rebalance that never completes) ends the process with exit code 3 and a log line. That
-    loses nothing: every group's outputs and state were flushed before its offsets could be
-    committed, so the next owner of the partitions replays at most the unfinished group."""
-    import os
-    import threading
-
-    def watchdog() -> None:
-        log.error("graceful stop took more than %.0fs; exiting now", stop_timeout_s)
-        logging.shutdown()
-        os._exit(3)
-
-    @app.on_before_shutdown.connect  # type: ignore[arg-type]
-    async def arm_watchdog(app_: Any, **kwargs: Any) -> None:
-        timer = threading.Timer(stop_timeout_s, watchdog)
-        timer.daemon = True
-        timer.start()
-
-    worker = faust.Worker(app, loglevel=loglevel, quiet=True)
-    code = 0
-    try:
-        worker.execute_from_commandline()
-    except SystemExit as e:
-        code = int(e.code or 0)
-    except Exception as e:  # an agent crashed: Faust re-raises it after closing its loop
-        log.error("worker crashed: %s: %s", type(e).__name__, e)
-        code = 1
-    if code:
-        # Threads that outlive the loop (the consumer's, the topology feed's, executors)
-        # would keep the interpreter from exiting: a crashed worker must end, non-zero.
-        logging.shutdown()
-        os._exit(code)
-    return code

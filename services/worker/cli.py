@@ -177,9 +177,10 @@ def _shape(conf: dict[str, Any], topic: str, default: tuple[int, int]) -> tuple[
 def run(args: argparse.Namespace, settings: RefinerySettings) -> int:
     from pipelines.clock import ClockSettings
     from pipelines.refine import RefineSettings
-    from services.kafka_log import require_cluster
+    from services.kafka.group import run_worker
+    from services.kafka.log import require_cluster
     from services.telemetry import ServiceTelemetry
-    from services.worker.app import InputTopics, WorkerConfig, build_app, run_worker
+    from services.worker.app import InputTopics, WorkerConfig, build_app
     from services.worker.preflight import check_partitions
     from services.worker.refiner import OutputTopics
 

@@ -65,7 +65,8 @@ def detail_of(e: BaseException) -> str:
 def failed(r: Refiner, rec: RawRecord, batch: Batch, e: Exception, now_ns: int) -> Outcome:
     """The outcome of a record whose refining raised: dead-lettered whole (its samples
     quarantined), its state as before it."""
-    from services.worker.refiner import Outcome, OutMessage  # (it imports this module)
+    from services.kafka.outputs import OutMessage
+    from services.worker.refiner import Outcome  # (it imports this module)
 
     reason = reason_of(e)
     if reason is Reason.REFINE_FAILED:  # a bug: its traceback is worth a log line

@@ -23,7 +23,7 @@ import base64
 import hashlib
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import pyarrow as pa
 
@@ -52,7 +52,8 @@ from schemas.records import (
     compact_json,
 )
 from schemas.wire import Batch, PayloadKind
-from services.kafka_internals import refused_detail
+from services.kafka.internals import refused_detail
+from services.kafka.outputs import OutMessage
 from services.worker.guard import OutputTooLarge, Undo, detail_of, failed, recoverable
 from services.worker.state import StreamState, decode_overlap, encode_overlap
 from services.worker.waves import ZSTD, _runs, _WaveRows, ipc_with, refined_messages
@@ -72,15 +73,6 @@ class RawRecord:
     # the timestamp is the broker's append time; False: the producer's CreateTime (a topic
     # without LogAppendTime), on which no clock is aligned (pipelines.clock)
     log_append: bool = True
-
-
-@dataclass(frozen=True)
-class OutMessage:
-    topic: str
-    key: bytes
-    value: bytes | pa.Buffer  # an Arrow value stays in its buffer (see schemas.codec.ipc_stream)
-    headers: list[tuple[str, bytes]] = field(default_factory=list)
-    partition: int | None = None  # None: the key's partition (murmur2)
 
 
 @dataclass(frozen=True)
@@ -328,7 +320,7 @@ class Refiner:
     def _decode(self, rec: RawRecord, ct: str | None) -> Batch:
         """The record's batch: by its topic's declared format when it is an ingest topic.
         A record whose compressed batch would inflate past the consumer's bound was never
-        inflated (:mod:`services.kafka_internals`): rejected as oversized."""
+        inflated (:mod:`services.kafka.internals`): rejected as oversized."""
         refused = refused_detail(rec.headers)
         if refused is not None:
             raise RejectedInput(Reason.OVERSIZED, refused)

@@ -16,7 +16,8 @@ from schemas.wire import Batch
 from services.worker.guard import OutputTooLarge
 
 if TYPE_CHECKING:
-    from services.worker.refiner import OutMessage, OutputTopics, RawRecord
+    from services.kafka.outputs import OutMessage
+    from services.worker.refiner import OutputTopics, RawRecord
 
 Item = tuple[int, "RawRecord", Batch, RefineResult]  # index in the group, record, batch, result
 
@@ -55,7 +56,7 @@ def _refined_message(
     ``n`` rows of its wave (``whole``: a record batch's slice is serialized as it is, a
     table's is first cut into batches) written into ``bound`` bytes when known, with the
     lineage of each raw record in it."""
-    from services.worker.refiner import OutMessage  # (it imports this module)
+    from services.kafka.outputs import OutMessage
 
     _, _, batch, first = run[0]
     rows = whole.batch.slice(first.wave_start, n)

@@ -22,7 +22,7 @@ from pipelines.clock import ClockEstimator, align, row_errors
 from schemas.codec import content_type_of, decode
 from schemas.errors import RejectedInput
 from schemas.wire import SAMPLES_SCHEMA, Envelope, PayloadKind, SourceId
-from services.producer import BatchProducer
+from services.kafka.producer import BatchProducer
 from services.settings import KafkaSettings
 
 pytestmark = pytest.mark.kafka

@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from services.worker.watch import CommitWatch
+from services.kafka.watch import CommitWatch
 
 
 def test_stall_grows_while_input_waits_and_resets_on_commit(
@@ -51,7 +51,7 @@ def test_stall_grows_while_input_waits_and_resets_on_commit(
 def test_fetch_range_reads_exactly_the_missing_offsets(
     kafka_conf: dict[str, object], unique_topic: Callable[..., str]
 ) -> None:
-    from services.worker.watch import fetch_range
+    from services.kafka.watch import fetch_range
 
     topic = unique_topic("gap")
     p = Producer(dict(kafka_conf))

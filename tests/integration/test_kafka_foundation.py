@@ -12,7 +12,7 @@ from confluent_kafka import Producer
 
 from schemas.codec import ARROW, content_type_of, decode
 from schemas.wire import SAMPLES_SCHEMA, Envelope, SourceId
-from services.producer import BatchProducer
+from services.kafka.producer import BatchProducer
 from services.settings import KafkaSettings
 from services.topics import apply_topics, load_topic_specs
 

@@ -14,9 +14,8 @@ import pytest
 from aiokafka.partitioner import murmur2
 from confluent_kafka import Consumer
 
+from services.kafka.outputs import OutMessage, OutputError, OutputProducer
 from services.settings import KafkaSettings
-from services.worker.outputs import OutputError, OutputProducer
-from services.worker.refiner import OutMessage
 
 
 def _read(conf: dict[str, object], topic: str, n: int) -> list[tuple[bytes, int]]:

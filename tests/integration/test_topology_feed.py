@@ -10,7 +10,7 @@ from collections.abc import Callable
 from confluent_kafka import Producer
 
 from schemas.records import EntityKind, TopologyEntity
-from services.worker.feed import TopologyFeed
+from services.kafka.feed import TopologyFeed
 
 
 def _publish(conf: dict[str, object], topic: str, entities: list[TopologyEntity]) -> None:

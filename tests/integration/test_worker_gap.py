@@ -1,4 +1,4 @@
-"""The worker's gap re-fetch (``services.worker.watch.fetch_range``) against the real broker:
+"""The worker's gap re-fetch (``services.kafka.watch.fetch_range``) against the real broker:
 a range is returned whole (offsets deleted by retention count as read) or not at all, so the
 worker never declares offsets handled that it did not refine."""
 
@@ -11,7 +11,7 @@ import pytest
 from confluent_kafka import Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from services.worker.watch import IncompleteFetch, fetch_range
+from services.kafka.watch import IncompleteFetch, fetch_range
 
 pytestmark = [pytest.mark.kafka]
 
@@ -62,7 +62,7 @@ def test_a_batch_librdkafka_will_not_inflate_is_handed_over_refused(
 ) -> None:
     """A zstd bomb in the range: librdkafka repeats its error at that offset for good; the
     range still comes back whole, the bomb's offset as a refused record."""
-    from services.kafka_internals import REFUSED_HEADER
+    from services.kafka.internals import REFUSED_HEADER
 
     bootstrap, topic = topic_with_records
     p = Producer({"bootstrap.servers": bootstrap, "compression.type": "zstd",

@@ -8,7 +8,7 @@ What bounds a consumer:
   for it (repeated at that offset); gzip, lz4 and snappy batches it inflates whole, whatever
   their size (measured: a 64 MiB gzip, lz4 or snappy bomb came back as one 64 MiB message);
 - aiokafka (the Faust worker) inflates every batch whole, with no setting to bound it:
-  ``services.kafka_internals`` bounds it (every codec) at ``MAX_INFLATED_BYTES``, and the
+  ``services.kafka.internals`` bounds it (every codec) at ``MAX_INFLATED_BYTES``, and the
   worker dead-letters each record of a refused batch (``oversized``) and goes on.
 
 ``-s`` prints the worker's peak RSS under the bombs.
@@ -74,7 +74,7 @@ def test_librdkafka_consumer_refuses_to_inflate_a_bomb(
     assert errors, "the consumer should report the message it refused to decompress"
 
 
-# -- aiokafka, bounded by services.kafka_internals --------------------------------------------
+# -- aiokafka, bounded by services.kafka.internals --------------------------------------------
 
 CODECS = {"gzip": 1, "snappy": 2, "lz4": 3, "zstd": 4}
 
@@ -95,11 +95,11 @@ def _batch(codec: int, values: list[bytes]) -> bytes:
 def test_aiokafka_batches_inflate_within_the_bound_or_are_refused_record_by_record(
     codec: str,
 ) -> None:
-    """Also the check that aiokafka's internals are still those ``services.kafka_internals``
+    """Also the check that aiokafka's internals are still those ``services.kafka.internals``
     was written for: ``install`` raises, or the fetcher's records are not bounded, if not."""
     import aiokafka.consumer.fetcher as fetcher
 
-    from services.kafka_internals import MAX_INFLATED_BYTES, REFUSED_HEADER, install
+    from services.kafka.internals import MAX_INFLATED_BYTES, REFUSED_HEADER, install
 
     install()
     small = fetcher.MemoryRecords(_batch(CODECS[codec], [b"a" * 1000, b"b"]))

@@ -1,5 +1,5 @@
 """The lander, detect and the alert consumers configure librdkafka with the fetch and
-receive bounds the worker's own consumers use (services.kafka_internals): what one fetch
+receive bounds the worker's own consumers use (services.kafka.internals): what one fetch
 carries and what a zstd batch may inflate to. The configuration each hands librdkafka is
 recorded by a stand-in for ``confluent_kafka.Consumer`` that refuses to start."""
 
@@ -16,7 +16,7 @@ from schemas.catalog import default_catalog
 from services.alerts import tail, webhook
 from services.detect.detector import Detector
 from services.detect.service import DetectService, DetectTopics
-from services.kafka_internals import LIBRDKAFKA_CONSUMER_BOUNDS
+from services.kafka.internals import LIBRDKAFKA_CONSUMER_BOUNDS
 from services.lake.land import LandingService
 from services.lake.writer import LakeWriter
 from services.telemetry import ServiceTelemetry

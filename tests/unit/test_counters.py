@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pyarrow as pa
 import pyarrow.compute as pc
 from hypothesis import given, settings
@@ -277,3 +279,36 @@ def test_property_group_equals_one_stream_at_a_time(
             assert getattr(got, name).to_pylist() == expect, name
         for j in range(3):
             assert grouped[j].table.equals(alone[j].table)
+
+
+def test_a_rate_across_a_step_back_of_the_source_clock_is_null() -> None:
+    """A source stepped back 11 s between two readings 1 s apart: its own clock says -10 s,
+    and an aligned clock squeezed by the estimates around the step (here 0.1 s) would make
+    the link's 1 kB/s look like 10 kB/s. The delta holds, the rate is NULL; the reading after
+    it has its rate on the source's clock again."""
+
+    def batch(raw: int, src: int, aligned: int, state: CounterState) -> tuple[Any, CounterState]:
+        t = pa.table(
+            {
+                "ts_ns": pa.array([src], pa.int64()),
+                "metric": ["c.w32"],
+                "device": ["mlx5_0/1"],
+                "value": pa.nulls(1, pa.float64()),
+                "raw": pa.array([raw], pa.uint64()),
+                "text": pa.nulls(1, pa.string()),
+            },
+            schema=SAMPLES_SCHEMA,
+        )
+        v = validate_samples(t, CAT, NOW)
+        cols, state = derive_rates(v.accepted, pa.array([aligned], pa.int64()), "b", state)
+        return cols, state
+
+    st_ = CounterState()
+    _, st_ = batch(0, NOW, NOW, st_)
+    cols, st_ = batch(1000, NOW + S, NOW + S, st_)
+    assert cols.rate.to_pylist() == [1000.0]
+    cols, st_ = batch(2000, NOW + 2 * S - 11 * S, NOW + S + S // 10, st_)  # the step back
+    assert cols.delta.to_pylist() == [1000.0] and cols.rate.to_pylist() == [None]
+    assert cols.late.to_pylist() == [False]
+    cols, st_ = batch(3000, NOW + 3 * S - 11 * S, NOW + 3 * S, st_)
+    assert cols.rate.to_pylist() == [1000.0]

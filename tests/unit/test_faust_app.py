@@ -1,5 +1,5 @@
 """The stream processors' Faust app builds its aiokafka consumer with a short fetch wait
-(see services.faust_app): Faust's own fixes 1.5 s, which held records of partitions left out
+(see services.kafka.faust_app): Faust's own fixes 1.5 s, which held records of partitions left out
 of an in-flight fetch until the next exporter tick."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import faust
 import pytest
 from pydantic import ValidationError
 
-from services.faust_app import FETCH_MAX_BYTES, FETCH_MAX_WAIT_MS, App
+from services.kafka.faust_app import FETCH_MAX_BYTES, FETCH_MAX_WAIT_MS, App
 from services.settings import KafkaSettings
 from services.telemetry import ServiceTelemetry
 from services.worker.app import WorkerConfig, build_app

@@ -17,8 +17,9 @@ from pipelines.clock import ClockEstimator
 from schemas.codec import ARROW, encode
 from schemas.records import refined_lineage
 from schemas.wire import Batch, ClockBlock
+from services.kafka.outputs import OutMessage
 from services.worker.guard import CLONED, clone, recoverable
-from services.worker.refiner import Outcome, OutMessage, OutputTopics, RawRecord, Refiner
+from services.worker.refiner import Outcome, OutputTopics, RawRecord, Refiner
 from services.worker.state import StreamState, decode_overlap
 from tests.unit.test_refine import CAT, NOW, TOPO, S, batch, ctr
 

@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from services.kafka_log import KAFKA_LOG, RECENT, CollapseRepeats, describe
+from services.kafka.log import KAFKA_LOG, RECENT, CollapseRepeats, describe
 from services.settings import KafkaSettings
 
 

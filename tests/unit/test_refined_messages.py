@@ -16,8 +16,9 @@ from schemas.records import compact_json, lineage_header, refined_lineage
 from schemas.wire import SAMPLES_SCHEMA, Batch, Envelope, SourceId
 from services.detect.core import DetectCore, DetectTopics
 from services.detect.detector import Detector
+from services.kafka.outputs import OutMessage
 from services.telemetry import ServiceTelemetry
-from services.worker.refiner import OutMessage, OutputTopics, RawRecord, Refiner
+from services.worker.refiner import OutputTopics, RawRecord, Refiner
 
 S = 1_000_000_000
 NOW = 1_700_000_000 * S

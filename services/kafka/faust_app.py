@@ -21,7 +21,7 @@ from faust.transport.drivers import aiokafka as faust_aiokafka
 FETCH_MAX_WAIT_MS = 50
 # what one fetch response may carry, compressed (aiokafka's default is 50 MiB; the broker still
 # returns a first batch larger than this, so no record is too large to fetch). What a batch
-# inflates to is bounded by services.kafka_internals.
+# inflates to is bounded by services.kafka.internals.
 FETCH_MAX_BYTES = 32 * 1024 * 1024
 
 

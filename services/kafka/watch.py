@@ -115,10 +115,10 @@ class CommitWatch:
 class RefusedMessage:
     """A record :func:`fetch_range` could not read because its batch would inflate past the
     consumer's bound, in the shape of a confluent-kafka ``Message``: no key, an empty value
-    and the header that marks it refused (:data:`services.kafka_internals.REFUSED_HEADER`)."""
+    and the header that marks it refused (:data:`services.kafka.internals.REFUSED_HEADER`)."""
 
     def __init__(self, topic: str, partition: int, offset: int, why: str) -> None:
-        from services.kafka_internals import REFUSED_HEADER
+        from services.kafka.internals import REFUSED_HEADER
 
         self._at = (topic, partition, offset)
         self._read_ms = time.time_ns() // 1_000_000
@@ -174,7 +174,7 @@ def fetch_range(
     would declare all of it handled and commit past records it never refined."""
     from confluent_kafka import Consumer, KafkaError, TopicPartition
 
-    from services.kafka_internals import LIBRDKAFKA_CONSUMER_BOUNDS
+    from services.kafka.internals import LIBRDKAFKA_CONSUMER_BOUNDS
 
     c = Consumer(
         {

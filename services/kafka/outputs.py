@@ -26,14 +26,24 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
+import pyarrow as pa
 from confluent_kafka import KafkaError, Message, Producer
 
 from services.settings import KafkaSettings
-from services.worker.refiner import OutMessage
 
 _KEYED = -1  # librdkafka's RD_KAFKA_PARTITION_UA, produce()'s default: the partitioner picks
+
+
+@dataclass(frozen=True)
+class OutMessage:
+    topic: str
+    key: bytes
+    value: bytes | pa.Buffer  # an Arrow value stays in its buffer (see schemas.codec.ipc_stream)
+    headers: list[tuple[str, bytes]] = field(default_factory=list)
+    partition: int | None = None  # None: the key's partition (murmur2)
 
 
 class OutputError(RuntimeError):

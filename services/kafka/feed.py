@@ -66,7 +66,7 @@ class TopologyFeed:
     def _run(self) -> None:
         from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
-        from services.kafka_internals import LIBRDKAFKA_CONSUMER_BOUNDS
+        from services.kafka.internals import LIBRDKAFKA_CONSUMER_BOUNDS
 
         try:
             c = Consumer(

@@ -22,7 +22,7 @@ fails if any of it moves):
   moves on: the offsets are delivered, so nothing is skipped and nothing stalls.
 
 aiokafka's fetch size bounds (``fetch_max_bytes``, ``max_partition_fetch_bytes``) are set in
-:mod:`services.faust_app` where the consumer is built.
+:mod:`services.kafka.faust_app` where the consumer is built.
 """
 
 from __future__ import annotations
