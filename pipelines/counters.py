@@ -20,10 +20,13 @@ Rules (``max = 2**width - 1``, ``d = (cur - prev) mod 2**width``):
 - a reset sets ``reset = True``, ``delta`` NULL, ``null_reason = reset``.
 - **out of order**: a sample not after the series' last accepted one (from state or earlier in
   the batch, equal timestamps included) on the source's clock *and* on the aligned clock gets
-  ``late = True``, ``delta``/``rate`` NULL, and does not move the state back. Where the
-  source's clock went backwards while aligned time moved on (a clock step), the interval is
-  taken on the aligned clock. Rates are therefore never negative and never computed over an
-  interval ``<= 0``.
+  ``late = True``, ``delta``/``rate`` NULL, and does not move the state back.
+- a **clock step** back: where the source's clock went backwards while aligned time moved on,
+  the delta holds but the ``rate`` is NULL. Neither clock gives the interval then: the
+  source's was stepped, and the aligned one is only as good as the offsets estimated on both
+  sides of the step (the model's first estimates after a step, or a replay faster than real
+  time whose aligned clock is the broker's, squeeze it: a rate spike no link had). Rates are
+  therefore never negative and never computed over an interval ``<= 0``.
 - ``scale`` multiplies the delta (e.g. 4-byte words → bytes); ``value`` is scaled in validate.
 
 Everything is vectorized: one sort of the batch's counter rows by (series, source ts), shifted
@@ -284,7 +287,7 @@ def derive_rates_group(
         reason_out = named if no_sentinel else pc.coalesce(null_reason, named)
     cols = CounterColumns(
         delta=pa.array(delta, mask=~valid),
-        rate=pa.array(rate, mask=~valid),
+        rate=pa.array(rate, mask=~valid | np.isnan(rate)),
         reset=pa.array(reset),
         late=pa.array(late_rows),
         null_reason=reason_out,
@@ -366,12 +369,13 @@ def _derive_sorted(s: pa.Table, st: pa.Table, sidx: Array, st_same: Array) -> _D
         return np.where(gstart, first, out)
 
     has_prev = ~gstart | has_st
-    prev_raw, prev_ts, prev_src = before(cur, st_raw), before(ts, st_ts), before(src, st_src)
+    prev_raw, prev_src = before(cur, st_raw), before(src, st_src)
     boot_change = gstart & ~same_boot
-    # the interval on the source's own clock (it stamped both readings); on the common clock
-    # only when the source's went backwards (a step)
+    # the interval on the source's own clock (it stamped both readings); none (NaN: the
+    # rate NULL) where it went backwards, a step (see the module's docstring)
     d_src = src - prev_src
-    elapsed = np.where(d_src > 0, d_src, ts - prev_ts)
+    elapsed = np.where(d_src > 0, d_src, 0).astype(np.float64)
+    elapsed[d_src <= 0] = np.nan
     d = (cur - prev_raw) & mx  # uint64 wraps mod 2**64
     wrap_ok = ~sat & (d <= (mx >> np.uint64(1)))
     reset = has_prev & (boot_change | ((cur < prev_raw) & ~wrap_ok))
@@ -379,7 +383,7 @@ def _derive_sorted(s: pa.Table, st: pa.Table, sidx: Array, st_same: Array) -> _D
     valid = ~(reset | ~has_prev | saturated)
     with np.errstate(divide="ignore", invalid="ignore"):
         delta = d.astype(np.float64) * scale
-        rate = delta / (elapsed.astype(np.float64) / 1e9)
+        rate = delta / (elapsed / 1e9)
     reason = None
     if reset.any() or saturated.any() or not has_prev.all():
         # codes into _REASONS (reset, saturated, first sample); -1: none
