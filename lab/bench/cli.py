@@ -33,6 +33,8 @@ BENCHMARKS = (
     "alert_accuracy",
     "alert_accuracy_loaded",
     "sasl",
+    "ingest",
+    "ingest_worker",
 )
 NEEDS_KAFKA = {
     "worker_throughput",
@@ -40,6 +42,7 @@ NEEDS_KAFKA = {
     "alert_latency",
     "alert_accuracy",
     "alert_accuracy_loaded",
+    "ingest_worker",
 }
 # benchmarks measured by one shared run
 SHARED_RUN = {n: ("freshness", "alert_latency") for n in ("freshness", "alert_latency")}
@@ -64,13 +67,22 @@ class Sizes:
     all_intervals: bool = True
     # the lake's small-file penalty: nodes, seconds landed in 2 s flushes, timed repeats
     lake_penalty: tuple[int, int, int] = (128, 900, 2)
+    # ingest adapters: CPU seconds of each decode rate, messages of each in-process refine
+    # rate and of each worker backlog (one-line formats: ten times as many)
+    ingest: tuple[float, int, int] = (2.0, 400, 600)
 
     @classmethod
     def of(cls, mode: str) -> Sizes:
         if mode == "smoke":  # every figure once, at sizes too small to mean much (CI)
-            return cls(150_000, 20, 10, 15, 1, 20_000, 5, 60.0, 25, 60_000.0, False, (8, 60, 1))
+            return cls(
+                150_000, 20, 10, 15, 1, 20_000, 5, 60.0, 25, 60_000.0, False, (8, 60, 1),
+                (0.2, 40, 60),
+            )  # fmt: skip
         if mode == "quick":
-            return cls(900_000, 250, 40, 30, 1, 100_000, 20, 60.0, 60, lake_penalty=(16, 300, 3))
+            return cls(
+                900_000, 250, 40, 30, 1, 100_000, 20, 60.0, 60, lake_penalty=(16, 300, 3),
+                ingest=(1.0, 200, 300),
+            )  # fmt: skip
         return cls(8_000_000, 1000, 300, 60, 2, 2_000_000, 200, 300.0, 360)
 
 
@@ -319,6 +331,16 @@ def _plan(
 
         return [bench_accuracy_loaded(k, worker_rate(), min(sizes.accuracy_s, 180))]
 
+    def ingest() -> list[Any]:
+        from lab.bench.ingest import bench_ingest
+
+        return [bench_ingest(sizes.ingest[0], sizes.ingest[1])]
+
+    def ingest_worker() -> list[Any]:
+        from lab.bench.ingest_worker import bench_ingest_worker
+
+        return [bench_ingest_worker(k, sizes.ingest[2])]
+
     steps: dict[str, Step] = {
         "worker_throughput": throughput,
         "refine_memory": lambda: [local.bench_refine_memory(sizes.memory_sources)],
@@ -330,6 +352,8 @@ def _plan(
         "alert_accuracy": accuracy,
         "alert_accuracy_loaded": accuracy_loaded,
         "sasl": lambda: [local.bench_sasl(quick=sizes.samples < 1_000_000)],
+        "ingest": ingest,
+        "ingest_worker": ingest_worker,
     }
     return [(n, steps[n]) for n in names]
 

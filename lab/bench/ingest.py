@@ -20,12 +20,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from google.protobuf import json_format
 from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
 from opentelemetry.proto.metrics.v1 import metrics_pb2
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.resources import Resource
 
+from lab.bench.figures import BenchResult
 from lab.bench.instructions import GROUP
 from pipelines.enrich import TopologyIndex
 from schemas.catalog import default_catalog
@@ -113,13 +115,26 @@ def _otlp(template: metrics_pb2.MetricsData) -> Callable[[int, int], bytes]:
     return message
 
 
+def _otlp_json(proto: Callable[[int, int], bytes]) -> Callable[[int, int], bytes]:
+    """The same request in the Collector's ``otlp_json`` spelling (lowerCamelCase, 64-bit
+    integers as strings)."""
+
+    def message(i: int, ts: int) -> bytes:
+        data = metrics_pb2.MetricsData.FromString(proto(i, ts))
+        return json_format.MessageToJson(data, indent=None).encode()
+
+    return message
+
+
 def adapters() -> list[Adapter]:
+    otlp = _otlp(_otlp_template())
     return [
         Adapter("prometheus", "prometheus", CPUS * len(STATES) + NETS, _prom),
         Adapter("influx", "influx", CPUS * len(STATES) + 2 * NETS, _influx),
         Adapter("influx_one_line", "influx", len(STATES), _influx_one),
         Adapter("collectd_one_value_list", "collectd_counters", 2, _collectd_one),
-        Adapter("otlp_proto", "otlp", CPUS * len(STATES), _otlp(_otlp_template())),
+        Adapter("otlp_proto", "otlp", CPUS * len(STATES), otlp),
+        Adapter("otlp_json", "otlp", CPUS * len(STATES), _otlp_json(otlp)),
     ]
 
 
@@ -154,6 +169,26 @@ def refine_rate(a: Adapter, messages: int, hosts: int = 100) -> float:
     for i in range(half, messages, GROUP):
         refiner.process_group(recs[i : i + GROUP], now)
     return (messages - half) * a.samples / (time.process_time() - t0)
+
+
+GOAL = 0.5e6  # samples per CPU-second, decode alone, every adapter
+
+
+def bench_ingest(seconds: float, messages: int, hosts: int = 100) -> BenchResult:
+    """``refinery bench``'s ingest figures: each adapter's decode rate (``seconds`` CPU
+    seconds of it) against the goal, and its in-process refine rate on ``messages``
+    messages (ten times as many one-line ones) from ``hosts`` hosts."""
+    r = BenchResult("ingest")
+    for a in adapters():
+        d = decode_rate(a, seconds)
+        r.add(f"ingest_{a.name}_decode_samples_per_cpu_s", d, "samples/CPU-s", ">=", GOAL,
+              note=f"IngestDecoder alone, {a.samples} samples a message")  # fmt: skip
+        n = messages if a.samples > 64 else messages * 10
+        r.add(f"ingest_{a.name}_refine_samples_per_cpu_s", refine_rate(a, n, hosts),
+              "samples/CPU-s", note="decode, validate, dedupe, counters, clock, enrich, "
+              f"outputs in-process (Refiner), {n} messages from {hosts} hosts")  # fmt: skip
+        r.details[a.name] = {"samples_per_message": a.samples, "refine_messages": n}
+    return r
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -18,9 +18,11 @@ import sys
 import tempfile
 import time
 import uuid
+from typing import Any
 
 from confluent_kafka import Consumer, Producer
 
+from lab.bench.figures import BenchResult
 from lab.bench.ingest import SECOND, Adapter, adapters, on_host
 from services.topics import apply_topics, load_topic_specs
 
@@ -44,10 +46,14 @@ def _backlog(bootstrap: str, topic: str, a: Adapter, n: int, hosts: int) -> None
     p.flush(60)
 
 
-def worker_rate(bootstrap: str, a: Adapter, n: int, hosts: int) -> tuple[int, float]:
-    """(records counted, worker CPU seconds for them) of ``n`` messages of ``a``."""
-    prefix = f"b{uuid.uuid4().hex[:8]}."
-    apply_topics({"bootstrap.servers": bootstrap}, load_topic_specs(prefix=prefix))
+def worker_rate(
+    bootstrap: str, a: Adapter, n: int, hosts: int, prefix: str | None = None
+) -> tuple[int, float]:
+    """(records counted, worker CPU seconds for them) of ``n`` messages of ``a``, on the
+    topics under ``prefix`` (None: created here under a fresh one)."""
+    if prefix is None:
+        prefix = f"b{uuid.uuid4().hex[:8]}."
+        apply_topics({"bootstrap.servers": bootstrap}, load_topic_specs(prefix=prefix))
     _backlog(bootstrap, prefix + TOPICS[a.format], a, n, hosts)
     env = {**os.environ, "REFINERY_BOOTSTRAP_SERVERS": bootstrap}
     with tempfile.TemporaryDirectory() as tmp:
@@ -117,6 +123,23 @@ def freshness(bootstrap: str, a: Adapter, rate: float, seconds: float, hosts: in
             c.close()
             w.terminate()
             w.wait(60)
+
+
+def bench_ingest_worker(k: Any, messages: int) -> BenchResult:
+    """``refinery bench``'s end-to-end figure of each adapter: the worker's samples per
+    CPU-second on a backlog of ``messages`` messages from 100 hosts (one-line ones: ten
+    times as many, from 300), each adapter on topics of its own."""
+    r = BenchResult("ingest_worker")
+    for a in adapters():
+        one_line = a.samples <= 64
+        n, hosts = (messages * 10, 300) if one_line else (messages, 100)
+        records, cpu = worker_rate(k.kafka.bootstrap_servers, a, n, hosts, k.fresh_topics())
+        rate = records * a.samples / cpu if cpu > 0 else float("nan")
+        r.add(f"ingest_{a.name}_worker_samples_per_cpu_s", rate, "samples/CPU-s",
+              note=f"worker subprocess, {records} of {n} records counted after its first, "
+              f"{cpu:.1f} CPU-s")  # fmt: skip
+        r.details[a.name] = {"messages": n, "hosts": hosts, "records": records, "cpu_s": cpu}
+    return r
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -5,8 +5,8 @@ run it with :func:`services.kafka.group.run_worker`.
 One agent, ``detect``, reads telemetry.refined, telemetry.events.aligned,
 telemetry.collectives.aligned and telemetry.accounting (raw bytes) in arrival order and
 feeds one :class:`~services.detect.detector.Detector` through
-:class:`~services.detect.core.DetectCore`, as the plain engine does
-(:mod:`services.detect.service`); the two publish the same records to the same topics.
+:class:`~services.detect.core.DetectCore` (which the lab's reference loop
+``lab.detect_reference`` shares: tests check that both publish the same records).
 
 Per group of records (``noack_take``): route each to the detector, advance it to the
 watermark, publish what came out and wait for the broker's acknowledgements

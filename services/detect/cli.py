@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -26,13 +25,6 @@ def add_parser(sub: Any) -> None:
         "rules, publish telemetry.alerts, telemetry.episodes and telemetry.rollups. One "
         "process owns every partition: run one per cluster. Stops on SIGTERM/Ctrl-C (exit 0).",
     )
-    p.add_argument(
-        "--engine",
-        choices=("faust", "plain"),
-        default="faust",
-        help="faust (default): a Faust agent evaluates the rules in the stream; plain: one "
-        "confluent-kafka consume/publish/commit loop. Same topics, records and offsets",
-    )
     p.add_argument("--rules", help="rule file (default deploy/rules/default.yaml)")
     p.add_argument("--topic-prefix", default="", help="prefix of every topic name (tests)")
     p.add_argument("--group", default="refinery-detect")
@@ -52,13 +44,13 @@ def add_parser(sub: Any) -> None:
         "--web-port",
         type=int,
         default=0,
-        help="faust engine: /health and /metrics on WEB_HOST:PORT (default 0: off)",
+        help="/health and /metrics on WEB_HOST:PORT (default 0: off)",
     )
     p.add_argument(
         "--web-host", default="127.0.0.1", help="/health's bind address (default 127.0.0.1)"
     )
     p.add_argument(
-        "--data-dir", help="faust engine state directory (default $REFINERY_HOME/detect)"
+        "--data-dir", help="state directory (default $REFINERY_HOME/detect)"
     )
     p.add_argument("--loglevel", default="warning")
     p.set_defaults(handler=run)
@@ -84,8 +76,6 @@ def run(args: argparse.Namespace, settings: RefinerySettings) -> int:
     telemetry = ServiceTelemetry("detect", otlp_endpoint=settings.otlp_endpoint)
     keep_heap()
     try:
-        if args.engine == "plain":
-            return _run_plain(args, settings, topics, detector, telemetry)
         return _run_faust(args, settings, topics, detector, telemetry)
     finally:
         telemetry.shutdown()
@@ -112,33 +102,4 @@ def _run_faust(
     app = build_detect_app(settings.kafka(), topics, detector, telemetry, cfg)
     rc = run_worker(app, loglevel=args.loglevel)
     print(f"detect: {app.refinery_detect.stats}", file=sys.stderr)  # type: ignore[attr-defined]
-    return rc
-
-
-def _run_plain(
-    args: argparse.Namespace,
-    settings: RefinerySettings,
-    topics: DetectTopics,
-    detector: Detector,
-    telemetry: ServiceTelemetry,
-) -> int:
-    from services.detect.service import DetectService
-
-    stopping = {"now": False}
-
-    def stop(*_: Any) -> None:
-        stopping["now"] = True
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
-    service = DetectService(
-        settings.kafka().librdkafka(),
-        topics,
-        detector,
-        telemetry,
-        group=args.group,
-        lookback_s=args.lookback,
-    )
-    rc = service.run(lambda: stopping["now"], idle_exit_s=args.idle_exit)
-    print(f"detect: {service.stats}", file=sys.stderr)
     return rc

@@ -1,10 +1,8 @@
-"""What both detect engines share: topic names, routing of input records to the
-:class:`~services.detect.detector.Detector`, the lineage replay skip, the watermark, the
-warm-up spans and the derived records to publish.
-
-The engines differ only in how records arrive and how outputs are acknowledged: the plain
-loop (:mod:`services.detect.service`) polls one confluent-kafka consumer; the Faust app
-(:mod:`services.detect.agent`) runs an agent over the same topics.
+"""How detect reads its input, whatever delivers it: topic names, routing of input records to
+the :class:`~services.detect.detector.Detector`, the lineage replay skip, the watermark, the
+warm-up spans and the derived records to publish. The product's engine is the Faust agent of
+:mod:`services.detect.agent`; the lab's reference loop (``lab.detect_reference``) shares this
+module, which is how the two are checked against each other.
 
 Warm-up: on assignment each input partition is read from ``lookback_s`` of broker time before
 its committed offset (its :class:`Span`) without publishing what those records produce, so

@@ -2,7 +2,7 @@
 episodes, cross-layer straggler alerts and rollups.
 
 :class:`Detector` wires the pure evaluators of ``pipelines/`` together; it does no I/O. The
-service (:mod:`services.detect.service`) feeds it records in arrival order and publishes
+Faust agent (:mod:`services.detect.agent`) feeds it records in arrival order and publishes
 what it returns. Everything it emits carries stable ids derived from data time, so a replay
 of the same input yields the same ids and consumers deduplicate on ``(id, state)``.
 

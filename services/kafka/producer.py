@@ -7,9 +7,17 @@ compression and batching. It encodes each batch (Arrow IPC by default) with its
 When Kafka is unreachable, librdkafka keeps retrying messages in its own queue until
 ``message.timeout.ms`` (default here: 5 minutes, so a broker restart costs nothing). Beyond that
 queue, batches wait in a bounded spool (memory, or ``spool_dir`` on disk) and are re-sent when the
-broker is back. Overflow policy: when the spool is full the OLDEST batch is dropped and counted
-in ``stats.dropped_overflow`` — a node exporter prefers fresh data to a stale backlog; nothing
-is dropped silently.
+broker is back. A batch that timed out in librdkafka's queue goes back into the spool, behind
+newer ones (the refiner deduplicates by source and seq, however late a first delivery comes).
+
+Bounds and what they drop: librdkafka's queue holds at most ``queue.buffering.max.messages``
+batches and ``queue.buffering.max.kbytes``; beyond it the spool holds ``spool_max_batches``
+batches and ``spool_max_bytes`` encoded bytes. When the spool is full the OLDEST batch is
+dropped — a node exporter prefers fresh data to a stale backlog. A drop is never silent: it is
+counted in ``stats.dropped_overflow`` (batches) and ``stats.dropped_samples`` (their rows),
+handed to ``on_drop(tag, samples)`` when given, and logged as a warning at the first drop and
+then at most once per ``drop_log_every_s`` while drops go on (and once more at :meth:`close`).
+Downstream the dropped batch leaves a gap in its source's ``seq`` numbers.
 
 Delivery reports go to ``on_delivery(envelope_key, error, partition, offset)`` when given, so a
 caller (the simulator) can record exactly which batches were acknowledged.
@@ -58,6 +66,7 @@ from services.settings import KafkaSettings
 log = logging.getLogger(__name__)
 
 DeliveryCallback = Callable[[str, "KafkaError | None", int, int], None]
+DropCallback = Callable[[str, int], None]
 ExchangeCallback = Callable[[str, Exchange, int, int], None]
 
 
@@ -68,7 +77,8 @@ class ProducerStats:
     failed: int = 0
     spooled: int = 0
     resent: int = 0
-    dropped_overflow: int = 0
+    dropped_overflow: int = 0  # batches the spool's bounds dropped (oldest first)
+    dropped_samples: int = 0  # rows of those batches (0 for pre-encoded bytes)
 
 
 @dataclass(frozen=True)
@@ -78,6 +88,7 @@ class _Pending:
     headers: tuple[tuple[str, bytes], ...]
     tag: str
     timestamp_ms: int = 0  # the record's CreateTime; 0: now
+    samples: int = 0  # rows of the batch (0: not known, pre-encoded bytes)
 
 
 def initial_seq() -> int:
@@ -107,6 +118,9 @@ class BatchProducer:
         on_delivery: DeliveryCallback | None = None,
         extra_conf: dict[str, Any] | None = None,
         on_exchange: ExchangeCallback | None = None,
+        spool_max_bytes: int = 256 * 1024 * 1024,
+        on_drop: DropCallback | None = None,
+        drop_log_every_s: float = 10.0,
     ) -> None:
         conf: dict[str, Any] = {
             **kafka.librdkafka(),
@@ -129,6 +143,12 @@ class BatchProducer:
         self.exchanges = ExchangeLog()
         self._spool: collections.deque[_Pending] = collections.deque()
         self._spool_max = spool_max_batches
+        self._spool_max_bytes = spool_max_bytes
+        self._spool_bytes = 0
+        self._on_drop = on_drop
+        self._drop_log_every_s = drop_log_every_s
+        self._drops_logged = (0, 0)  # (batches, samples) in the last warning
+        self._drop_logged_at = -float("inf")
         self._spool_dir = spool_dir
         if spool_dir is not None:
             spool_dir.mkdir(parents=True, exist_ok=True)
@@ -143,7 +163,11 @@ class BatchProducer:
         ct, body = encode(envelope, table, self.content_type)
         tag = f"{envelope.source.key()}|{envelope.seq}"
         self.send_encoded(
-            (key or envelope.source.node).encode(), body, (("content-type", ct.encode()),), tag
+            (key or envelope.source.node).encode(),
+            body,
+            (("content-type", ct.encode()),),
+            tag,
+            samples=table.num_rows,
         )
 
     def with_exchanges(self, envelope: Envelope) -> Envelope:
@@ -164,12 +188,14 @@ class BatchProducer:
         headers: tuple[tuple[str, bytes], ...] = (),
         tag: str = "",
         timestamp_ms: int = 0,
+        *,
+        samples: int = 0,
     ) -> None:
         """Enqueue pre-encoded bytes (importers, the simulator's malformed records).
         ``timestamp_ms`` sets the record's CreateTime (0: now); a topic with LogAppendTime
         replaces it with the broker's append time."""
         self._drain_spool()
-        item = _Pending(key, value, headers, tag, timestamp_ms)
+        item = _Pending(key, value, headers, tag, timestamp_ms, samples)
         if self._spool or not self._produce(item):
             self._to_spool(item)
         self._producer.poll(0)
@@ -233,17 +259,51 @@ class BatchProducer:
     # -- spool ------------------------------------------------------------------------------
 
     def _to_spool(self, item: _Pending) -> None:
-        if len(self._spool) >= self._spool_max:
-            self._spool.popleft()
-            self.stats.dropped_overflow += 1
+        while self._spool and (
+            len(self._spool) >= self._spool_max
+            or self._spool_bytes + len(item.value) > self._spool_max_bytes
+        ):
+            self._dropped(self._pop_spool())
         self._spool.append(item)
+        self._spool_bytes += len(item.value)
         self.stats.spooled += 1
+
+    def _pop_spool(self) -> _Pending:
+        item = self._spool.popleft()
+        self._spool_bytes -= len(item.value)
+        return item
+
+    def _dropped(self, item: _Pending) -> None:
+        """Count, report and (rate-limited) log a batch the spool's bounds dropped."""
+        self.stats.dropped_overflow += 1
+        self.stats.dropped_samples += item.samples
+        if self._on_drop is not None:
+            self._on_drop(item.tag, item.samples)
+        if time.monotonic() - self._drop_logged_at >= self._drop_log_every_s:
+            self._log_drops()
+
+    def _log_drops(self) -> None:
+        s = self.stats
+        new = (
+            s.dropped_overflow - self._drops_logged[0],
+            s.dropped_samples - self._drops_logged[1],
+        )
+        if new[0] == 0:
+            return
+        log.warning(
+            "%s: spool full (%d batches, %d bytes at most) while the broker is unreachable: "
+            "dropped %d oldest batches (%d samples), %d batches (%d samples) in all",
+            self.topic, self._spool_max, self._spool_max_bytes, new[0], new[1],
+            s.dropped_overflow, s.dropped_samples,
+        )  # fmt: skip
+        self._drops_logged = (s.dropped_overflow, s.dropped_samples)
+        self._drop_logged_at = time.monotonic()
 
     def _drain_spool(self) -> None:
         while self._spool:
             if not self._produce(self._spool[0]):
                 return
-            self._spool.popleft()
+            self._pop_spool()
             self.stats.resent += 1
 
     def _spool_path(self) -> Path:
@@ -278,6 +338,7 @@ class BatchProducer:
         for row in t:
             hdr = (("content-type", row["content_type"]),) if row["content_type"] else ()
             self._spool.append(_Pending(row["key"], row["value"], hdr, row["tag"]))
+            self._spool_bytes += len(row["value"])
         path.unlink()
 
     # -- lifecycle --------------------------------------------------------------------------
@@ -305,5 +366,6 @@ class BatchProducer:
     def close(self, timeout: float = 30.0) -> int:
         """Flush, persist what is still unsent to the spool directory if any; returns it."""
         left = self.flush(timeout)
+        self._log_drops()
         self._save_spool()
         return left

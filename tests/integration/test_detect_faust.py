@@ -1,10 +1,11 @@
-"""The Faust detect engine against the plain loop, on one pipeline run with a thermal throttle
-on node0001/gpu2 (2-10 s) and a link flap on node0000/mlx5_3/1 (3-8 s):
+"""The Faust detect engine against the lab's reference loop (lab.detect_reference), on one
+pipeline run with a thermal throttle on node0001/gpu2 (2-10 s) and a link flap on
+node0000/mlx5_3/1 (3-8 s):
 
 - a whole run commits every input offset by its idle exit;
 - warm-up: a group whose offsets stand at 6 s of the input (mid-incident) replays the span
   before them without publishing, so both incidents' resolutions carry the ids of their
-  firings and no firing is published again; the plain engine publishes the same records;
+  firings and no firing is published again; the reference loop publishes the same records;
 - commit after acknowledgement: while the alerts topic refuses every record, the agent
   crashes (exit non-zero) without committing the input whose alerts were lost; the next
   process publishes them, with their ids.
@@ -13,6 +14,9 @@ on node0001/gpu2 (2-10 s) and a link flap on node0000/mlx5_3/1 (3-8 s):
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -28,7 +32,7 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
 
 from lab.demo.procs import end_offsets, group_lag
 from tests.integration.pipeline_harness import WORKER_CLOCK_ARGS, Run, drain, simulate
-from tests.integration.test_detect_e2e import detect
+from tests.integration.test_detect_e2e import REPO, detect
 from tests.integration.worker_helpers import fresh_topics, start_worker
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
@@ -99,6 +103,22 @@ def set_max_message_bytes(bootstrap: str, topic: str, value: str | None) -> None
         f.result(timeout=30)
 
 
+def detect_reference(
+    bootstrap: str, prefix: str, group: str, tmp: Path
+) -> subprocess.CompletedProcess[str]:
+    """The lab's reference loop (lab.detect_reference) over the same topics, until idle."""
+    env = {**os.environ, "REFINERY_BOOTSTRAP_SERVERS": bootstrap, "REFINERY_HOME": str(tmp)}
+    args = ["--topic-prefix", prefix, "--group", group, "--idle-exit", "8", "--loglevel", "info"]
+    return subprocess.run(
+        [sys.executable, "-m", "lab.detect_reference", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        cwd=REPO,
+    )
+
+
 def test_faust_engine_warm_up_and_commit_after_ack(kafka_bootstrap: str, tmp_path: Path) -> None:
     bs = kafka_bootstrap
     run = Run(fresh_topics(bs), tmp_path)
@@ -125,13 +145,17 @@ def test_faust_engine_warm_up_and_commit_after_ack(kafka_bootstrap: str, tmp_pat
     assert {(r, e) for r, e, _, s in whole if s == "resolved"} == INCIDENTS, whole
     assert len({i for _, _, i, _ in whole}) == 2, whole
 
-    # warm-up: offsets at 6 s of the input, mid-incident, for the Faust and the plain engine
+    # warm-up: offsets at 6 s of the input, mid-incident, for the Faust agent and the lab's
+    # reference loop
     got = {}
     for engine in ("faust", "plain"):
         group = f"{pre}mid-{engine}"
         commit_at(bs, group, inputs, t0_ms + 6_000)
         before = end_offsets(conf, [alerts_topic])
-        p = detect(bs, pre, group, tmp_path, "--engine", engine, "--loglevel", "info")
+        if engine == "faust":
+            p = detect(bs, pre, group, tmp_path, "--loglevel", "info")
+        else:
+            p = detect_reference(bs, pre, group, tmp_path)
         assert p.returncode == 0, p.stderr[-3000:]
         got[engine] = incident_alerts(alerts_since(bs, alerts_topic, before))
     resolved = {a for a in whole if a[3] == "resolved"}

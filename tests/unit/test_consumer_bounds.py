@@ -12,10 +12,11 @@ from typing import Any
 import confluent_kafka
 import pytest
 
+from lab.detect_reference import DetectService
 from schemas.catalog import default_catalog
 from services.alerts import tail, webhook
+from services.detect.core import DetectTopics
 from services.detect.detector import Detector
-from services.detect.service import DetectService, DetectTopics
 from services.kafka.internals import LIBRDKAFKA_CONSUMER_BOUNDS
 from services.lake.land import LandingService
 from services.lake.writer import LakeWriter

@@ -12,8 +12,8 @@ import pyarrow as pa
 from pipelines.episodes import EpisodeSettings, EpisodeTracker
 from schemas.catalog import default_catalog
 from schemas.records import Episode
+from services.detect.core import low_watermark
 from services.detect.detector import Detector, Emitted
-from services.detect.service import low_watermark
 from tests.unit.derived_helpers import T0, S, batches, refined, series
 from tests.unit.test_stragglers import PLACEMENT, Topo, collectives
 

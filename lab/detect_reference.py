@@ -1,13 +1,10 @@
-"""The plain detect engine (``refinery detect --engine plain``): one confluent-kafka consumer
-loop over telemetry.refined, the aligned events and collectives topics and the accounting
-topic, feeding :class:`~services.detect.detector.Detector` through
-:class:`~services.detect.core.DetectCore`, publishing alerts, episodes and rollups,
-committing input offsets only after those are acknowledged. The default engine is the Faust
-app of :mod:`services.detect.agent`; both share routing, warm-up spans, watermark and
-payloads (:mod:`services.detect.core`).
-
-Cross-layer answers need every node's episodes next to every job's collectives, so one detect
-process reads all partitions (run one per cluster; it is light next to the refiner).
+"""The lab's reference detect engine: one plain confluent-kafka loop over telemetry.refined,
+the aligned events and collectives topics and the accounting topic, feeding
+:class:`~services.detect.detector.Detector` through :class:`~services.detect.core.DetectCore`,
+publishing alerts, episodes and rollups, committing input offsets only after those are
+acknowledged. The product's engine is the Faust agent of :mod:`services.detect.agent`; this loop
+is kept only to check it against (``tests/integration/test_detect_faust.py``):
+``python -m lab.detect_reference --topic-prefix P --group G [--idle-exit S]``.
 
 Restart: on assignment the loop rewinds each partition to the start of its warm-up span
 (``lookback_s`` of broker time before its committed offset) and replays that span *without
@@ -22,13 +19,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from services.detect.core import DetectCore, DetectTopics, assigned_spans, low_watermark
+from services.detect.core import DetectCore, DetectTopics, assigned_spans
 from services.detect.detector import Detector, Emitted
 from services.kafka.feed import TopologyFeed
 from services.kafka.internals import LIBRDKAFKA_CONSUMER_BOUNDS
 from services.telemetry import ServiceTelemetry
-
-__all__ = ["DetectService", "DetectTopics", "low_watermark"]
 
 log = logging.getLogger(__name__)
 
@@ -161,3 +156,54 @@ class DetectService:
                 asynchronous=False,
             )
             pending.clear()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the reference loop with the detect command's topic, group and warm-up options; the
+    cluster settings come from the environment as for every Refinery command."""
+    import argparse
+    import signal
+    import sys
+
+    from schemas.catalog import default_catalog
+    from services.detect.detector import DEFAULT_RULES
+    from services.settings import load_settings
+
+    p = argparse.ArgumentParser(prog="python -m lab.detect_reference")
+    p.add_argument("--topic-prefix", default="")
+    p.add_argument("--group", default="refinery-detect-reference")
+    p.add_argument("--lookback", type=float, default=600.0)
+    p.add_argument("--idle-exit", type=float, default=None)
+    p.add_argument("--rules", default=None)
+    p.add_argument("--loglevel", default="warning")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=args.loglevel.upper(), stream=sys.stderr)
+    settings = load_settings()
+    rules = args.rules or DEFAULT_RULES
+    detector = Detector(default_catalog(), rules, raw_topic=args.topic_prefix + "telemetry.raw")
+    telemetry = ServiceTelemetry("detect-reference")
+    stopping = {"now": False}
+
+    def stop(*_: Any) -> None:
+        stopping["now"] = True
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    service = DetectService(
+        settings.kafka().librdkafka(),
+        DetectTopics.with_prefix(args.topic_prefix),
+        detector,
+        telemetry,
+        group=args.group,
+        lookback_s=args.lookback,
+    )
+    try:
+        rc = service.run(lambda: stopping["now"], idle_exit_s=args.idle_exit)
+    finally:
+        telemetry.shutdown()
+    print(f"detect-reference: {service.stats}", file=sys.stderr)
+    return rc
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
