@@ -21,7 +21,7 @@ from typing import Any
 from lab.bench.figures import BenchResult
 from lab.bench.harness import BenchKafka, S, sim_topics
 from lab.bench.latency import _half_load_nodes, samples_per_node_s
-from lab.demo.procs import Child
+from lab.demo.procs import Child, worker_args
 from lab.simulate.cluster import Cluster
 from lab.simulate.engine import Simulation
 from lab.simulate.publish import publish
@@ -47,17 +47,7 @@ class _Services:
 
     def __init__(self, k: BenchKafka, prefix: str, lake: Path) -> None:
         self.k, self.prefix, self.restarts = k, prefix, 0
-        self.worker_args = [
-            "worker",
-            "--topic-prefix",
-            prefix,
-            "--app-id",
-            prefix + "worker",
-            "--web-port",
-            "0",
-            "--data-dir",
-            str(k.workdir / f"{prefix}worker"),
-        ]
+        self.worker_args = worker_args(prefix, k.workdir / f"{prefix}worker")
         self.worker = k.start(f"{prefix}loaded-worker", self.worker_args)
         self.detect = k.start(
             f"{prefix}loaded-detect",

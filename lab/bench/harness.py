@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lab.demo.procs import Child, group_lag, spawn
+from lab.demo.procs import Child, group_lag, spawn, worker_args
 from lab.simulate.publish import Topics
 from services.settings import KafkaSettings
 
@@ -108,17 +108,7 @@ class BenchKafka:
     def start_worker(self, prefix: str, name: str = "worker") -> Child:
         return self.start(
             name,
-            [
-                "worker",
-                "--topic-prefix",
-                prefix,
-                "--app-id",
-                prefix + "worker",
-                "--web-port",
-                "0",
-                "--data-dir",
-                str(self.workdir / f"{name}-data"),
-            ],
+            worker_args(prefix, self.workdir / f"{name}-data"),
         )
 
     def stop_all(self) -> None:

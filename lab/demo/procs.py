@@ -111,3 +111,19 @@ def wait_until(
             say(f"  … {what}" + (f" ({detail()})" if detail else ""))
             last_say = time.monotonic()
         time.sleep(every)
+
+
+def worker_args(prefix: str, data_dir: Path | str) -> list[str]:
+    """``refinery worker``'s arguments for a run under topic ``prefix``: its own app id, no web
+    port, state in ``data_dir``."""
+    return [
+        "worker",
+        "--topic-prefix",
+        prefix,
+        "--app-id",
+        prefix + "worker",
+        "--web-port",
+        "0",
+        "--data-dir",
+        str(data_dir),
+    ]

@@ -22,7 +22,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lab.demo.procs import Child, end_offsets, group_lag, lag_by_topic, spawn, wait_until
+from lab.demo.procs import (
+    Child,
+    end_offsets,
+    group_lag,
+    lag_by_topic,
+    spawn,
+    wait_until,
+    worker_args,
+)
 from services.settings import KafkaSettings, RefinerySettings
 
 FAULTS = "pfc_storm:count=1,throttle:count=1,xid:count=1,clock,dup,malformed"
@@ -78,17 +86,7 @@ def run_demo(
         logdir = settings.home / "demo-logs"
         worker = spawn(
             "worker",
-            [
-                "worker",
-                "--topic-prefix",
-                prefix,
-                "--app-id",
-                prefix + "worker",
-                "--web-port",
-                "0",
-                "--data-dir",
-                str(settings.home / "demo-worker"),
-            ],
+            worker_args(prefix, settings.home / "demo-worker"),
             env,
             logdir,
         )
