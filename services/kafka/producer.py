@@ -323,6 +323,7 @@ class BatchProducer:
                 "value": [p.value for p in self._spool],
                 "content_type": [dict(p.headers).get("content-type", b"") for p in self._spool],
                 "tag": [p.tag for p in self._spool],
+                "samples": pa.array([p.samples for p in self._spool], pa.int64()),
             }
         )
         tmp = path.with_suffix(".tmp")
@@ -337,7 +338,8 @@ class BatchProducer:
         t = pa.ipc.open_file(str(path)).read_all().to_pylist()
         for row in t:
             hdr = (("content-type", row["content_type"]),) if row["content_type"] else ()
-            self._spool.append(_Pending(row["key"], row["value"], hdr, row["tag"]))
+            samples = int(row.get("samples") or 0)  # a spool saved before it was kept: 0
+            self._spool.append(_Pending(row["key"], row["value"], hdr, row["tag"], 0, samples))
             self._spool_bytes += len(row["value"])
         path.unlink()
 
