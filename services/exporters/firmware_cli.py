@@ -6,8 +6,10 @@ kernel-log XIDs, to ``telemetry.raw`` (samples) and ``telemetry.events`` (events
 [--interval 1s]``. With ``--stdout`` rows are printed as JSON Lines (``{"kind": …, row}``)
 instead of published. Source failures are counted in the service's own telemetry (OpenTelemetry,
 exported over OTLP when configured) and reported on stderr with their count and last error;
-the loop goes on. Also holds the small helpers the NCCL CLI shares (durations, identity, batch
-sink).
+the loop goes on. Batches the producers' buffer bounds drop while the cluster is unreachable
+(the oldest) are counted there too (``refinery.exporter.dropped_batches`` and ``_samples``, per
+topic) and logged by the producer. Also holds the small helpers the NCCL CLI shares
+(durations, identity, batch sink).
 """
 
 from __future__ import annotations
@@ -123,6 +125,14 @@ class BatchSink:
             for p in producers[1:]:
                 p.poll(0)
 
+    def dropped(self) -> dict[str, tuple[int, int]]:
+        """Topic → (batches, samples) its producer's buffer bounds dropped so far (the oldest,
+        while the cluster was unreachable)."""
+        return {
+            t: (p.stats.dropped_overflow, p.stats.dropped_samples)
+            for t, p in self._producers.items()
+        }
+
     def close(self) -> int:
         """Flush every producer; returns how many batches stayed unacknowledged or were
         refused by the cluster."""
@@ -189,6 +199,7 @@ def cmd_export_firmware(args: argparse.Namespace, settings: RefinerySettings) ->
     )
     reported: dict[str, int] = {}
     polls: dict[str, int] = {}
+    counted: dict[str, tuple[int, int]] = {}
     telemetry = ServiceTelemetry("firmware-exporter", otlp_endpoint=settings.otlp_endpoint)
     try:
         while True:
@@ -212,6 +223,7 @@ def cmd_export_firmware(args: argparse.Namespace, settings: RefinerySettings) ->
                     )
                     reported[h.name] = h.errors
                     print(f"{h.name}: {h.errors} error(s), last: {h.last_error}", file=sys.stderr)
+            _count_drops(telemetry, sink, counted)
             if args.once:
                 break
             sink.wait(max(0.0, interval - (time.monotonic() - t0)))
@@ -220,6 +232,20 @@ def cmd_export_firmware(args: argparse.Namespace, settings: RefinerySettings) ->
         telemetry.shutdown()
     failed = all(h.errors for h in exporter.health.values())
     return 1 if left or failed else 0
+
+
+def _count_drops(
+    telemetry: ServiceTelemetry, sink: BatchSink, counted: dict[str, tuple[int, int]]
+) -> None:
+    """The service's own telemetry: batches and samples the producers' bounds dropped, per
+    topic (the producer also logs them)."""
+    for topic, (batches, samples) in sink.dropped().items():
+        before = counted.get(topic, (0, 0))
+        if (batches, samples) != before:
+            attrs = {"topic": topic}
+            telemetry.count("refinery.exporter.dropped_batches", batches - before[0], attrs)
+            telemetry.count("refinery.exporter.dropped_samples", samples - before[1], attrs)
+            counted[topic] = (batches, samples)
 
 
 def add_parser(subparsers: Any) -> None:

@@ -66,3 +66,24 @@ def test_the_spool_is_bounded_in_bytes_too() -> None:
     assert [int(t.rsplit("|", 1)[1]) for t, _ in dropped] == [2, 3, 4]
     assert p.stats.dropped_samples == 150
     p.close(0.1)
+
+
+def test_the_firmware_exporter_counts_the_drops_in_its_telemetry() -> None:
+    from services.exporters.firmware_cli import BatchSink, _count_drops
+    from services.settings import RefinerySettings
+    from services.telemetry import ServiceTelemetry
+
+    sink = BatchSink(RefinerySettings(), SOURCE, stdout=True, interval_ns=None)
+    p = _producer([], spool_max_batches=1)
+    sink._producers["telemetry.raw"] = p  # as its first send builds it
+    telemetry = ServiceTelemetry("firmware-exporter")
+    counted: dict[str, tuple[int, int]] = {}
+    for seq in range(5):
+        p.send(*_batch(seq, 3))
+        _count_drops(telemetry, sink, counted)
+    assert p.stats.dropped_overflow == 2  # 2 queued, 1 spooled, 2 dropped
+    got = telemetry.total("refinery.exporter.dropped_batches", topic="telemetry.raw")
+    assert got == 2
+    assert telemetry.total("refinery.exporter.dropped_samples", topic="telemetry.raw") == 6
+    p.close(0.1)
+    telemetry.shutdown()
