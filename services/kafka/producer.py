@@ -16,8 +16,8 @@ batches and ``spool_max_bytes`` encoded bytes. When the spool is full the OLDEST
 dropped — a node exporter prefers fresh data to a stale backlog. A drop is never silent: it is
 counted in ``stats.dropped_overflow`` (batches) and ``stats.dropped_samples`` (their rows),
 handed to ``on_drop(tag, samples)`` when given, and logged as a warning at the first drop and
-then at most once per ``drop_log_every_s`` while drops go on (and once more at :meth:`close`).
-Downstream the dropped batch leaves a gap in its source's ``seq`` numbers.
+then at most once per ``drop_log_every_s`` while drops go on (served by :meth:`poll`, and at
+:meth:`close`). Downstream the dropped batch leaves a gap in its source's ``seq`` numbers.
 
 Delivery reports go to ``on_delivery(envelope_key, error, partition, offset)`` when given, so a
 caller (the simulator) can record exactly which batches were acknowledged.
@@ -279,6 +279,11 @@ class BatchProducer:
         self.stats.dropped_samples += item.samples
         if self._on_drop is not None:
             self._on_drop(item.tag, item.samples)
+        self._log_drops_due()
+
+    def _log_drops_due(self) -> None:
+        """Log the drops not yet said, unless the last warning is more recent than the
+        interval."""
         if time.monotonic() - self._drop_logged_at >= self._drop_log_every_s:
             self._log_drops()
 
@@ -354,6 +359,7 @@ class BatchProducer:
             self._producer.poll(max(0.0, deadline - time.monotonic()))
             self._drain_spool()
             if time.monotonic() >= deadline:
+                self._log_drops_due()  # drops that came after the last warning
                 return
 
     def flush(self, timeout: float = 30.0) -> int:

@@ -58,6 +58,26 @@ def test_a_full_spool_drops_the_oldest_counted_and_logged(caplog: pytest.LogCapt
     )
 
 
+def test_later_drops_are_logged_by_poll_once_the_interval_passed(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING, logger="services.kafka.producer")
+    p = _producer([], spool_max_batches=1, drop_log_every_s=0.3)  # type: ignore[arg-type]
+    for seq in range(6):  # 2 queued, 1 spooled, 3 dropped: the first one logged at once
+        p.send(*_batch(seq, 2))
+    assert len(caplog.records) == 1
+    p.poll(0.1)
+    assert len(caplog.records) == 1  # within the interval: not yet
+    p.poll(0.3)
+    assert len(caplog.records) == 2
+    assert "dropped 2 oldest batches (4 samples), 3 batches (6 samples)" in (
+        caplog.records[-1].getMessage()
+    )
+    p.poll(0.4)
+    assert len(caplog.records) == 2  # nothing new: nothing said
+    p.close(0.1)
+
+
 def test_the_spool_is_bounded_in_bytes_too() -> None:
     dropped: list[tuple[str, int]] = []
     p = _producer(dropped, spool_max_bytes=1)  # no room beyond the newest batch
