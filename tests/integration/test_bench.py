@@ -30,6 +30,8 @@ from services.settings import KafkaSettings
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
+INGEST_ADAPTERS = ("prometheus", "influx", "influx_one_line", "collectd_one_value_list",
+                   "otlp_proto", "otlp_json")  # fmt: skip
 
 FIGURES = {
     "worker_throughput": [
@@ -93,6 +95,13 @@ FIGURES = {
         "half_load_alert_p99_s",  # the freshness run's, next to the floor run's
     ],
     "alert_accuracy": ["precision", "recall"],
+    # every adapter's decode rate (goal >= 0.5 M samples per CPU-second) and its refine rate
+    # in-process; the end-to-end worker rates (ingest_worker) are quick and full runs only
+    "ingest": [
+        f"ingest_{a}_{what}_samples_per_cpu_s"
+        for a in INGEST_ADAPTERS
+        for what in ("decode", "refine")
+    ],
     "alert_accuracy_loaded": [
         "within_bound_share",
         "clock_err_p99_ms",
