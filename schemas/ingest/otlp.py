@@ -220,10 +220,12 @@ class _Collect:
         as_int = cols[:, 2].view(np.int64)
         v = np.where(is_int, as_int.astype(np.float64), cols[:, 2].view(np.float64))
         suffix = "rate" if kind == "rate" else ""
-        if _SIDS_GEN[0] != _REG.generation:
+        if _SIDS_GEN[0] != _REG.generation or len(_SIDS) > _REG.limit:
             _SIDS.clear()
             _SIDS_GEN[0] = _REG.generation
         known = _SIDS.setdefault((res, name, suffix), {})
+        if len(known) > _REG.limit:  # byte spellings of one attribute set are many
+            known.clear()
         sids: list[int | None] = list(map(known.get, attrs))
         if None in sids:
             for k, a in enumerate(attrs):
