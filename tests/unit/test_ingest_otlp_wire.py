@@ -89,11 +89,15 @@ def _kv(key: str, v: str) -> common_pb2.KeyValue:
     return common_pb2.KeyValue(key=key, value=common_pb2.AnyValue(string_value=v))
 
 
-def _request(points: list[metrics_pb2.NumberDataPoint], monotonic: bool = True) -> bytes:
-    s = metrics_pb2.Sum(
-        is_monotonic=monotonic,
-        aggregation_temporality=metrics_pb2.AGGREGATION_TEMPORALITY_CUMULATIVE,
+def _request(
+    points: list[metrics_pb2.NumberDataPoint], monotonic: bool = True, delta: bool = False
+) -> bytes:
+    t = (
+        metrics_pb2.AGGREGATION_TEMPORALITY_DELTA
+        if delta
+        else metrics_pb2.AGGREGATION_TEMPORALITY_CUMULATIVE
     )
+    s = metrics_pb2.Sum(is_monotonic=monotonic, aggregation_temporality=t)
     s.data_points.extend(points)
     data = metrics_pb2.MetricsData()
     rm = data.resource_metrics.add()
@@ -116,10 +120,19 @@ def test_points_laid_out_otherwise_take_the_slower_paths_with_the_same_result() 
     bare = metrics_pb2.NumberDataPoint(time_unix_nano=NOW)  # no value, no attributes
     ex = _p(as_int=-3)
     ex.exemplars.add(as_double=1.0, time_unix_nano=NOW)
-    cases = [[_p(as_double=0.0), _p(as_int=2**62)], [flags], [no_start, bare], [ex]]
+    zero_span = metrics_pb2.NumberDataPoint(time_unix_nano=NOW, start_time_unix_nano=NOW)
+    zero_span.as_double = 3.0
+    zero_span.attributes.append(_kv("cpu", "cpu2"))
+    cases = [
+        [_p(as_double=0.0), _p(as_int=2**62), _p(as_int=-3), _p(as_double=float("nan"))],
+        [flags],
+        [no_start, bare],
+        [ex],
+        [zero_span],
+    ]
     for points in cases:
-        _same(_request(points))
-        _same(_request(points, monotonic=False))
+        for monotonic, delta in ((True, False), (True, True), (False, False)):
+            _same(_request(points, monotonic, delta))
     # an unknown field in a point (a newer schema): kept by upb, never read as attributes
     one = _p(as_double=4.0).SerializeToString() + b"\x78\x05"  # field 15, varint 5
     body = _request([metrics_pb2.NumberDataPoint.FromString(one)])
