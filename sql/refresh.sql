@@ -9,5 +9,6 @@ SET VARIABLE lake_files_episodes = lake_live_files('episodes');
 SET VARIABLE lake_files_deadletter = lake_live_files('deadletter');
 SET VARIABLE lake_files_rollups = lake_live_files('rollups');
 SET VARIABLE lake_files_topology = lake_live_files('topology');
+SET VARIABLE lake_files_node_facts = lake_live_files('node_facts');
 SET VARIABLE lake_files_jobs = lake_live_files('jobs');
 SET VARIABLE lake_files_accounting = lake_live_files('accounting');

@@ -107,6 +107,7 @@ def run_demo(
                 ("telemetry.deadletter", "deadletter"),
                 ("telemetry.rollups", "rollups"),
                 ("topology", "topology"),
+                ("topology.nodes", "node_facts"),
                 ("jobs", "jobs"),
                 ("telemetry.accounting", "accounting"),
             )

@@ -10,7 +10,8 @@ at speed 1 with the default start is ``LogAppendTime`` comparable with true time
 
 Records: samples/late/malformed batches → ``topics.raw`` (key node), duplicates → the same topic
 from a second producer session, events → ``topics.events`` (key node), collectives →
-``topics.collectives`` (key job), topology entities → ``topics.topology`` (JSON, key id), jobs →
+``topics.collectives`` (key job), topology entities → ``topics.topology`` (JSON, key id) but
+the netdev ones, which the node exporters report, → ``topics.topology_nodes``, jobs →
 ``topics.jobs`` (JSON, key job). The topology is published and acknowledged before the true
 clock starts; the jobs are published at its start (``JobPlacement.start_ns`` = ``start_ns``).
 
@@ -46,7 +47,9 @@ from lab.simulate.engine import Message, SendKind, Simulation, Stream
 from lab.simulate.truth import TruthWriter
 from pipelines.clock_bounds import Exchange, ExchangeLog
 from schemas.codec import JSON
+from schemas.records import EntityKind
 from schemas.wire import ClockBlock
+from services.kafka.feed import nodes_topic
 from services.kafka.producer import BatchProducer
 from services.settings import KafkaSettings
 
@@ -58,6 +61,13 @@ class Topics:
     collectives: str = "telemetry.collectives"
     topology: str = "topology"
     jobs: str = "jobs"
+    # the node exporters' netdev facts (their own topic: exporters may not write topology);
+    # empty: beside ``topology`` (services.kafka.feed.nodes_topic), so a prefix carries over
+    topology_nodes: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.topology_nodes:
+            object.__setattr__(self, "topology_nodes", nodes_topic(self.topology))
 
     def of(self, stream: Stream) -> str:
         return {
@@ -299,12 +309,20 @@ def _send_json(prod: BatchProducer, items: list[tuple[str, str]]) -> None:
         prod.send_encoded(key.encode(), doc.encode(), (("content-type", JSON.encode()),), key)
 
 
-def publish_topology(sim: Simulation, kafka: KafkaSettings, topic: str) -> int:
+def publish_topology(
+    sim: Simulation, kafka: KafkaSettings, topic: str, nodes: str | None = None
+) -> int:
     """Publish every topology entity (JSON, key = entity id) and wait for the acks; returns how
-    many were not acknowledged within 60 s."""
+    many were not acknowledged within 60 s. The netdev entities go to ``nodes`` (default
+    :func:`nodes_topic` of ``topic``), as the node exporters publish them; the rest, what the
+    admin's importers publish, to ``topic``."""
+    ents = sim.cluster.topology()
     prod = BatchProducer(kafka, topic=topic)
-    _send_json(prod, [(e.id, e.model_dump_json()) for e in sim.cluster.topology()])
-    return prod.close(60.0)
+    _send_json(prod, [(e.id, e.model_dump_json()) for e in ents if e.kind != EntityKind.NETDEV])
+    node_prod = BatchProducer(kafka, topic=nodes or nodes_topic(topic))
+    node_facts = [(e.id, e.model_dump_json()) for e in ents if e.kind == EntityKind.NETDEV]
+    _send_json(node_prod, node_facts)
+    return prod.close(60.0) + node_prod.close(60.0)
 
 
 def publish(
@@ -349,7 +367,7 @@ def publish(
     parts = _partition_counts(kafka_settings, topics) if stamp_due else None
     pub = _Publisher(kafka_settings, topics, truth, conf, stamp_due, timeline, parts)
     jobs_prod = BatchProducer(kafka_settings, topic=topics.jobs)
-    publish_topology(sim, kafka_settings, topics.topology)
+    publish_topology(sim, kafka_settings, topics.topology, topics.topology_nodes)
     if sim.start_ns is None:
         sim.start_ns = time.time_ns()
     start = sim.start_ns
@@ -392,7 +410,11 @@ def publish(
         unacked=max(left, len(pub.pending)),
         start_ns=start,
         topics={s.value: topics.of(s) for s in Stream}
-        | {"topology": topics.topology, "jobs": topics.jobs},
+        | {
+            "topology": topics.topology,
+            "topology.nodes": topics.topology_nodes,
+            "jobs": topics.jobs,
+        },
     )
 
 

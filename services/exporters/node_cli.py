@@ -8,8 +8,9 @@
 - ``--once`` scrapes once and exits; otherwise it scrapes every ``--interval`` until
   interrupted, on a fixed schedule (a slow scrape does not shift the next ones).
 - Publishing to Kafka, the exporter also records the node's netdev ↔ RDMA device ↔ port
-  links (and LLDP neighbours where ``lldpctl`` answers) as ``netdev`` entities on the
-  ``topology`` topic (:mod:`services.exporters.netdev`): at start, and again when they change
+  links (and LLDP neighbours where ``lldpctl`` answers) as ``netdev`` entities on the compacted
+  ``topology.nodes`` topic (:mod:`services.exporters.netdev`; the exporter may not write the
+  fabric's ``topology``, the worker reads both): at start, and again when they change
   (checked every ``--facts-every`` scrapes). ``--no-topology`` turns this off. A failed
   publish is reported in one line and retried at the next check; samples keep flowing.
 """
@@ -32,6 +33,7 @@ from services.exporters.refused import Refusals
 from services.settings import RefinerySettings
 
 RAW_TOPIC = "telemetry.raw"
+NODE_FACTS_TOPIC = "topology.nodes"
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
 _UNIT_S = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 
@@ -71,7 +73,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
     p.add_argument(
         "--no-topology", action="store_true", help="do not publish the netdev ↔ RDMA facts"
     )
-    p.add_argument("--topology-topic", default="topology", help="topic of the netdev facts")
+    p.add_argument(
+        "--topology-topic",
+        default=NODE_FACTS_TOPIC,
+        help=f"topic of the netdev facts (default {NODE_FACTS_TOPIC})",
+    )
     p.add_argument(
         "--facts-every", type=int, default=60, help="check the facts every N scrapes (60)"
     )

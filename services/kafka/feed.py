@@ -1,6 +1,14 @@
-"""Follow the compacted ``topology`` and ``jobs`` topics into an in-memory, versioned view.
+"""Follow the compacted ``topology``, ``topology.nodes`` and ``jobs`` topics into an in-memory,
+versioned view.
 
-Every worker reads both topics whole (no consumer group: all partitions assigned from the
+``topology`` carries the fabric as the admin's importers publish it (topology file,
+ibnetdiscover, NCCL, scheduler); ``topology.nodes`` what each node exporter reports of itself: its
+``netdev`` entities (interface ↔ RDMA device ↔ port, LLDP neighbour). The exporters may write only
+the latter, so a record there that is not a netdev entity keyed by its own id is refused
+(counted as bad), and where both topics hold the same id the ``topology`` one wins: an exporter
+can neither overwrite nor add switch, link or NIC facts.
+
+Every worker reads the topics whole (no consumer group: all partitions assigned from the
 beginning) in a background thread and keeps the latest record per key. :meth:`TopologyFeed.
 wait_caught_up` blocks until the end offsets seen at start have been read, so no sample is
 enriched against a half-loaded topology. :meth:`snapshot` returns the current entity and job
@@ -21,19 +29,40 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from schemas.records import JobPlacement, TopologyEntity
+from schemas.records import EntityKind, JobPlacement, TopologyEntity
+from services.topology.topofile import netdev_id
 
 log = logging.getLogger(__name__)
 
+NODES_SUFFIX = ".nodes"
+
+
+def nodes_topic(topology_topic: str) -> str:
+    """The topic of node-reported facts beside ``topology_topic`` (``topology.nodes``, or
+    ``<prefix>topology.nodes`` under a prefix)."""
+    return topology_topic + NODES_SUFFIX
+
 
 class TopologyFeed:
-    """Background reader of the topology and jobs topics. Start with :meth:`start`."""
+    """Background reader of the topology, node facts and jobs topics. Start with
+    :meth:`start`. ``node_topic`` defaults to :func:`nodes_topic` of ``topology_topic``."""
 
-    def __init__(self, conf: dict[str, Any], topology_topic: str, jobs_topic: str) -> None:
+    def __init__(
+        self,
+        conf: dict[str, Any],
+        topology_topic: str,
+        jobs_topic: str,
+        node_topic: str | None = None,
+    ) -> None:
         self._conf = conf
-        self._topics = {topology_topic: "topology", jobs_topic: "jobs"}
+        self._topics = {
+            topology_topic: "topology",
+            node_topic or nodes_topic(topology_topic): "nodes",
+            jobs_topic: "jobs",
+        }
         self._lock = threading.Lock()
         self._entities: dict[str, TopologyEntity] = {}
+        self._node_facts: dict[str, TopologyEntity] = {}
         self._jobs: dict[str, JobPlacement] = {}
         self._version = 0
         self._caught_up = threading.Event()
@@ -61,7 +90,9 @@ class TopologyFeed:
 
     def snapshot(self) -> tuple[int, list[TopologyEntity], list[JobPlacement]]:
         with self._lock:
-            return self._version, list(self._entities.values()), list(self._jobs.values())
+            ents = list(self._entities.values())
+            ents += [e for k, e in self._node_facts.items() if k not in self._entities]
+            return self._version, ents, list(self._jobs.values())
 
     def _run(self) -> None:
         from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
@@ -128,17 +159,17 @@ class TopologyFeed:
             return False
         k = key.decode("utf-8", "replace")
         self.stats["records"] += 1
+        stores: dict[str, dict[str, Any]] = {
+            "topology": self._entities,
+            "nodes": self._node_facts,
+            "jobs": self._jobs,
+        }
         with self._lock:
-            store: dict[str, Any] = self._entities if kind == "topology" else self._jobs
+            store = stores[kind]
             if value is None:
                 return store.pop(k, None) is not None
             try:
-                doc = json.loads(value)
-                new: TopologyEntity | JobPlacement = (
-                    TopologyEntity.model_validate(doc)
-                    if kind == "topology"
-                    else JobPlacement.model_validate(doc)
-                )
+                new = _parse(kind, k, value)
             except (ValueError, ValidationError) as e:
                 self.stats["bad"] += 1
                 log.warning("bad %s record %r: %s", kind, k, str(e).splitlines()[0])
@@ -147,3 +178,18 @@ class TopologyFeed:
                 return False  # republished unchanged: the join index stays valid
             store[k] = new
         return True
+
+
+def _parse(kind: str, key: str, value: bytes) -> TopologyEntity | JobPlacement:
+    """One record of a ``kind`` topic; raises ValueError for what it may not carry."""
+    doc = json.loads(value)
+    if kind == "jobs":
+        return JobPlacement.model_validate(doc)
+    ent = TopologyEntity.model_validate(doc)
+    if kind == "nodes":
+        if ent.kind is not EntityKind.NETDEV:
+            raise ValueError(f"a node reports only netdev entities, not {ent.kind.value}")
+        own = netdev_id(ent.node or "", ent.device or "")
+        if ent.id != own or key != own:
+            raise ValueError(f"a node's netdev entity is keyed {own!r}")
+    return ent

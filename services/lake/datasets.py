@@ -17,6 +17,7 @@ episodes        telemetry.episodes             JSON        ``emitted_ns``
 deadletter      telemetry.deadletter           JSON        ``ts_ns`` (when rejected)
 rollups         telemetry.rollups              Arrow IPC   ``window_start``
 topology        topology                       JSON        ``valid_from``
+node_facts      topology.nodes                 JSON        ``valid_from`` (netdev facts)
 jobs            jobs                           JSON        ``start_ns``
 accounting      telemetry.accounting           Arrow/JSON  when the batch was refined
 ==============  =============================  ==========  ======================================
@@ -230,6 +231,13 @@ DATASETS: dict[str, Dataset] = {
             ("node", "metric", "device", "window_s", "ts"),
         ),
         Dataset("topology", "topology", Encoding.JSON, TOPOLOGY_SCHEMA, ("id", "valid_from")),
+        Dataset(
+            "node_facts",
+            "topology.nodes",
+            Encoding.JSON,
+            TOPOLOGY_SCHEMA,
+            ("id", "valid_from"),
+        ),
         Dataset("jobs", "jobs", Encoding.JSON, JOBS_SCHEMA, ("job", "ts")),
         Dataset(
             "accounting",

@@ -23,6 +23,7 @@ _MODELS: dict[str, type[BaseModel]] = {
     "episodes": Episode,
     "deadletter": DeadLetter,
     "topology": TopologyEntity,
+    "node_facts": TopologyEntity,
     "jobs": JobPlacement,
 }
 _TS_FIELD = {
@@ -30,6 +31,7 @@ _TS_FIELD = {
     "episodes": "emitted_ns",
     "deadletter": "ts_ns",
     "topology": "valid_from",
+    "node_facts": "valid_from",
     "jobs": "start_ns",
 }
 _JSON_TEXT = {"evidence", "lineage", "attrs", "peak"}

@@ -3,17 +3,23 @@
 -- replaces the earlier record (the one landed last wins), so a corrected topology re-labels
 -- history without re-ingesting samples: queries join samples to these views by time (ASOF on
 -- valid_from). valid_until is valid_to, or else the next version's valid_from (NULL: open).
+-- The node exporters' facts (dataset node_facts, topic topology.nodes) are read with the
+-- admin's (dataset topology); where both hold the same (id, valid_from) the admin's wins.
 CREATE OR REPLACE VIEW topology AS
 WITH latest AS (
-    SELECT * EXCLUDE (date, hour)
+    SELECT * EXCLUDE (date, hour, filename)
     FROM read_parquet(
-        getvariable('lake_files_topology'),
+        list_concat(
+            getvariable('lake_files_topology'), coalesce(getvariable('lake_files_node_facts'), [])
+        ),
         hive_partitioning = true,
         union_by_name = true,
+        filename = true,
         hive_types = {'date': DATE, 'hour': INTEGER}
     )
     QUALIFY row_number() OVER (
-        PARTITION BY id, valid_from ORDER BY kafka_partition DESC, kafka_offset DESC
+        PARTITION BY id, valid_from
+        ORDER BY filename LIKE '%/node_facts/%', kafka_partition DESC, kafka_offset DESC
     ) = 1
 )
 SELECT

@@ -17,6 +17,7 @@ from lab.simulate.publish import Topics, bench_publish, publish
 from lab.simulate.truth import load_truth
 from schemas.codec import content_type_of, decode
 from schemas.errors import RejectedInput
+from schemas.records import EntityKind
 from services.settings import KafkaSettings
 
 pytestmark = pytest.mark.kafka
@@ -60,6 +61,7 @@ def test_everything_acknowledged_arrives_and_duplicates_are_as_declared(
         collectives=unique_topic("coll", partitions=2, config=LOG_APPEND),
         topology=unique_topic("topology"),
         jobs=unique_topic("jobs"),
+        topology_nodes=unique_topic("topology.nodes"),
     )
     sim = Simulation(
         Cluster.build(6, seed=11),
@@ -135,8 +137,14 @@ def test_everything_acknowledged_arrives_and_duplicates_are_as_declared(
     assert straggled.num_rows == 0 or set(straggled.column("node").to_pylist()) <= (
         storm_nodes | {r["node"] for r in tr.incidents.to_pylist() if r["kind"] == "throttle"}
     )
+    # the fabric on topology, the netdev facts the node exporters would report on topology.nodes
+    ents = sim.cluster.topology()
+    netdevs = [e for e in ents if e.kind == EntityKind.NETDEV]
     topo = consume_all(kafka_bootstrap, topics.topology, 1, unique_group + "topo")
-    assert len(topo) == len(sim.cluster.topology())
+    assert len(topo) == len(ents) - len(netdevs)
+    nodes = consume_all(kafka_bootstrap, topics.topology_nodes, 1, unique_group + "nodes")
+    assert sorted((m.key() or b"").decode() for m in nodes) == sorted(e.id for e in netdevs)
+    assert netdevs
 
 
 def test_bench_publish_reports_samples_per_second(kafka_bootstrap: str) -> None:

@@ -35,6 +35,8 @@ from confluent_kafka import (
 from confluent_kafka.admin import AdminClient
 
 from lab.broker_security import PRINCIPALS, SecureMaterial
+from schemas.records import EntityKind, TopologyEntity
+from services.exporters.netdev import NetdevLink, netdev_entities
 from services.security.acls import load_acl_spec
 from services.topics import watermarks
 
@@ -161,6 +163,22 @@ def _produce(conf: dict[str, Any], topic: str, n: int = 3) -> list[KafkaError | 
     return results
 
 
+def _keyed_writes(
+    conf: dict[str, Any], records: list[tuple[str, TopologyEntity]]
+) -> list[int | None]:
+    """Per (topic, entity), in order: the error code of producing it (None: acknowledged)."""
+    out: dict[int, int | None] = {}
+    p = Producer({**conf, "message.timeout.ms": 10_000, "log_level": 0})
+    for i, (topic, ent) in enumerate(records):
+
+        def done(err: KafkaError | None, _m: Any, i: int = i) -> None:
+            out[i] = None if err is None else int(err.code())
+
+        p.produce(topic, ent.model_dump_json().encode(), key=ent.id.encode(), on_delivery=done)
+    p.flush(15)
+    return [out.get(i, -1) for i in range(len(records))]
+
+
 def _consume_error(conf: dict[str, Any], topic: str, group: str) -> int | None:
     """The first error code a subscribing consumer gets (None: it read a record)."""
     c = Consumer({**conf, "group.id": group, "auto.offset.reset": "earliest", "log_level": 0})
@@ -192,6 +210,12 @@ def test_least_privilege_is_enforced(secure: Secure) -> None:
     )
     assert _produce(secure.conf("admin"), "telemetry.alerts", 1) == [None]
     assert _consume_error(alerts, "telemetry.alerts", f"refinery-alerts-{uuid.uuid4()}") is None
+    # a node exporter records its own netdev facts, but may not rewrite the fabric's switches
+    # and links: a compromised one could otherwise misname every straggler's port
+    fact = netdev_entities("acl-node", [NetdevLink("eth2", "mlx5_2", 1)], {}, 1)[0]
+    link = TopologyEntity(id="link:leaf-1:1", kind=EntityKind.LINK, switch="leaf-1")
+    got = _keyed_writes(exporter, [("topology.nodes", fact), ("topology", link)])
+    assert got == [None, KafkaError.TOPIC_AUTHORIZATION_FAILED]
     assert (
         _consume_error(alerts, "telemetry.alerts", "someone-else")
         == KafkaError.GROUP_AUTHORIZATION_FAILED

@@ -74,6 +74,7 @@ def test_topic_spec_covers_the_design_topics() -> None:
         "telemetry.events",
         "telemetry.collectives",
         "topology",
+        "topology.nodes",
         "jobs",
         "telemetry.refined",
         "telemetry.deadletter",
@@ -83,6 +84,7 @@ def test_topic_spec_covers_the_design_topics() -> None:
     } <= set(specs)
     assert specs["telemetry.raw"].config["message.timestamp.type"] == "LogAppendTime"
     assert specs["topology"].config["cleanup.policy"] == "compact"
+    assert specs["topology.nodes"].config["cleanup.policy"] == "compact"
     assert specs["jobs"].config["cleanup.policy"] == "compact"
 
 
@@ -181,7 +183,7 @@ def test_kafka_users_carry_exactly_the_acls_of_the_spec_one_principal_per_role()
     assert kafka["spec"]["kafka"]["authorization"]["superUsers"] == ["admin"]
 
 
-def test_no_two_roles_share_a_consumer_group_and_exporters_never_place_jobs() -> None:
+def test_no_two_roles_share_a_group_and_exporters_write_only_their_own_topics() -> None:
     groups = {
         p: {(n, pat) for (res, n, pat, _op) in r if res == "group"} for p, r in _acl_rules().items()
     }
@@ -200,7 +202,13 @@ def test_no_two_roles_share_a_consumer_group_and_exporters_never_place_jobs() ->
     exporter = _acl_rules()["refinery-exporter"]
     written = {n for (res, n, _p, op) in exporter if res == "topic" and op == "WRITE"}
     assert "jobs" not in written and not any(n.startswith("telemetry.refined") for n in written)
-    assert {"telemetry.raw", "topology"} <= written  # its node's own netdev facts
+    assert {"telemetry.raw", "topology.nodes"} <= written  # its node's own netdev facts
+    # never the fabric's topology: a compromised exporter must not rewrite switches and links
+    assert "topology" not in written
+    # what the exporters write, the worker, detect and the lander read
+    for role in ("refinery-worker", "refinery-detect", "refinery-lake"):
+        read = {n for (res, n, _p, op) in _acl_rules()[role] if res == "topic" and op == "READ"}
+        assert {"topology", "topology.nodes"} <= read, role
 
 
 def _workloads() -> list[tuple[str, dict[str, Any]]]:

@@ -109,6 +109,43 @@ def test_corrected_topology_relabels_history_without_reingesting(
     assert relabelled == {"leaf99"}  # ethN ports have no link fact: their enrichment stays
 
 
+def test_node_facts_join_the_topology_views_and_the_fabric_entry_wins(
+    lake: Path, tmp_path: Path
+) -> None:
+    """The node exporters' netdev facts land in node_facts (topic topology.nodes) and show in
+    the topology views with the fabric's; the fabric's entry for the same version wins."""
+    import shutil
+
+    from schemas.codec import JSON
+    from schemas.records import EntityKind, TopologyEntity
+    from services.lake.decode import rows_of
+
+    root = tmp_path / "lake"
+    shutil.copytree(lake, root)
+
+    def land(ds: str, ents: list[TopologyEntity], offset: int) -> None:
+        rows = [
+            rows_of(ds, e.model_dump_json().encode(), JSON, partition=0, offset=offset + i,
+                    timestamp_ns=T0)
+            for i, e in enumerate(ents)
+        ]  # fmt: skip
+        last = offset + len(rows) - 1
+        LakeWriter(root).land(ds, pa.concat_tables(rows), partition=0, first=offset, last=last)
+
+    eth = {"kind": EntityKind.NETDEV, "node": "node000", "valid_from": T0, "attrs": {"port": 1}}
+    eth3 = {**eth, "id": "netdev:node000/eth3", "device": "eth3", "nic": "mlx5_3"}
+    node = [
+        TopologyEntity(id="netdev:node000/eth2", device="eth2", nic="mlx5_2", **eth),
+        TopologyEntity(switch="lldp-9", **eth3),
+    ]
+    fabric = TopologyEntity(switch="leaf-1", **eth3)
+    land("node_facts", node, 5000)  # landed later, at higher offsets: the fabric still wins
+    land("topology", [fabric], 0)
+    con = sqlload.connect(root)
+    q = "SELECT device, nic, switch FROM topology_netdevs WHERE node = 'node000' ORDER BY 1"
+    assert con.execute(q).fetchall() == [("eth2", "mlx5_2", None), ("eth3", "mlx5_3", "leaf-1")]
+
+
 def _cli(lake: Path, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "REFINERY_LAKE": str(lake)}
     return subprocess.run(
