@@ -87,6 +87,9 @@ class Detector:
         # clock alerts come from the refining stage (it sees every batch's clock estimate)
         if table.num_rows:
             self.newest = max(self.newest, int(pc.max(table.column("ts")).as_py()))
+            # refined data still comes (a backlog being caught up partition by partition, a
+            # worker starting on one): the watermark will move, held collectives wait for it
+            self._stalled_since = None
         return out
 
     def advance(self, watermark_ns: int, now_ns: int) -> Emitted:
@@ -143,9 +146,10 @@ class Detector:
         a backlog does not close episodes early; silent sources are judged on each raw
         partition's progress in broker time (:meth:`on_progress`), so a refiner behind or
         restarting makes nobody silent; a whole pipeline going quiet is the freshness
-        rule's business. Collectives are judged anyway
-        once the watermark has not moved for ``4 x grace`` of wall time (``now_ns``) while
-        they wait: refined data stopped, and it is only ever judged once."""
+        rule's business. Collectives are judged anyway once neither the watermark has moved
+        nor refined data come for ``4 x grace`` of wall time (``now_ns``) while they wait:
+        refined data stopped, and it is only ever judged once. A worker catching up on a
+        backlog keeps refined data coming, so the stragglers' causes are judged on it."""
         out = Emitted()
         if self._held:
             self._stalled_since = self._stalled_since or now_ns

@@ -85,6 +85,31 @@ def test_held_collectives_are_forced_out_only_when_the_watermark_stalls() -> Non
     assert a.rule == "nccl_straggler" and a.cause == "none found"
 
 
+def test_held_collectives_wait_while_refined_data_comes_without_moving_the_watermark() -> None:
+    """A worker started on a backlog refines one partition after another: for longer than the
+    stall patience the watermark stands (a partition is still behind) while refined data of
+    the others keeps coming. The collectives wait, and their straggler names its cause."""
+    d = Detector(default_catalog(), topology=Topo(), grace_ns=3 * S)
+    d.set_jobs([PLACEMENT])
+    out = Emitted()
+    for t in collectives(range(10)):
+        out.extend(d.on_collectives(t, T0))
+    wall = T0
+    for t in other_node(0, 30):  # 30 s of wall time: another partition's backlog is refined
+        wall += S
+        out.extend(d.on_refined(t, wall))
+        out.extend(d.tick(wall))
+    assert out.alerts == []
+    for _, t in batches(storm_rows(20)):  # the storm's partition is refined at last
+        wall += S
+        out.extend(d.on_refined(t, wall))
+        out.extend(d.advance(int(t.column("ts")[0].as_py()), wall))
+        out.extend(d.tick(wall))
+    (a,) = out.alerts
+    assert a.rule == "nccl_straggler" and a.cause is not None
+    assert a.cause.startswith("PFC storm on leaf-p0-r3 port 2"), a.cause
+
+
 def test_low_watermark_is_the_slowest_partition_with_records_left() -> None:
     assert low_watermark({}, {}, {}) is None
     assert low_watermark({0: 0, 1: 0}, {0: 0, 1: -1}, {}) is None  # 1 not fetched yet
