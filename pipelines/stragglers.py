@@ -150,7 +150,11 @@ class StragglerDetector:
                 whole = self.buffer.join(ready, _KEY, join_type="left semi")
                 rest = self.buffer.join(ready, _KEY, join_type="left anti")
                 self.buffer = rest.select(_BUF.names).cast(_BUF)
-                out += self._judge(arrival_skew(whole, s), episodes, now_ns, lineage or [])
+                # instances a backlog releases at once may span several straggle episodes:
+                # judged in time order, each quiet gap resolving the one before
+                for part, starts in _quiet_parts(arrival_skew(whole, s), s.quiet_ns):
+                    out += self._resolve_quiet(starts, now_ns)
+                    out += self._judge(part, episodes, now_ns, lineage or [])
         out += self._resolve_quiet(self.watermark, now_ns)
         return out
 
@@ -293,6 +297,27 @@ _BUF = pa.schema(
         if f.name in ("ts_ns", "end_ns", "job", "comm", "op", "op_seq", "rank", "nranks")
     ]
 )
+
+
+def _quiet_parts(t: pa.Table, quiet_ns: int) -> list[tuple[pa.Table, int]]:
+    """``t`` (``arrival_skew`` rows) cut where its straggling instances leave a gap over
+    ``quiet_ns``: (rows, the part's first straggling instance's start) in time order, each
+    instance whole in one part; one part when there is no such gap."""
+    inst = t.group_by(_KEY).aggregate([("ts_ns", "min")])
+    t = t.join(inst, _KEY, join_type="inner")
+    late = pc.unique(t.filter(t["straggler"])["ts_ns_min"]).sort().to_numpy()
+    if len(late) < 2 or not ((late[1:] - late[:-1]) > quiet_ns).any():
+        return [(t.drop_columns(["ts_ns_min"]), int(late[0]) if len(late) else 0)]
+    cuts = [int(c) for c in late[1:][(late[1:] - late[:-1]) > quiet_ns]]
+    parts = []
+    for lo, hi, start in zip([None, *cuts], [*cuts, None], [int(late[0]), *cuts], strict=True):
+        m = pa.array([True] * t.num_rows)
+        if lo is not None:
+            m = pc.and_(m, pc.greater_equal(t["ts_ns_min"], lo))
+        if hi is not None:
+            m = pc.and_(m, pc.less(t["ts_ns_min"], hi))
+        parts.append((t.filter(m).drop_columns(["ts_ns_min"]), start))
+    return parts
 
 
 def _on_path(e: OpenEpisode, path: dict[str, Any]) -> bool:

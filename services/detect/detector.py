@@ -31,6 +31,7 @@ from schemas.catalog import Catalog
 from schemas.records import Alert, Episode, JobPlacement
 
 DEFAULT_RULES = Path(__file__).resolve().parents[2] / "deploy" / "rules" / "default.yaml"
+FIRST_DATA_NS = 120_000_000_000  # how long held collectives wait for the first refined data
 
 
 @dataclass
@@ -153,7 +154,12 @@ class Detector:
         out = Emitted()
         if self._held:
             self._stalled_since = self._stalled_since or now_ns
-            if now_ns - self._stalled_since > 4 * self.grace_ns:
+            # before this process has seen any refined data (a worker starting on a backlog
+            # takes a while for its first refined group), the refined stream is not stalled,
+            # it has not begun: wait for it longer
+            seen = self.newest or self.watermark
+            patience = 4 * self.grace_ns if seen else max(4 * self.grace_ns, FIRST_DATA_NS)
+            if now_ns - self._stalled_since > patience:
                 out.extend(self._release_collectives(now_ns, force=True))
         if self.watermark:
             out.alerts += self.engine.tick(self.watermark)

@@ -110,6 +110,34 @@ def test_held_collectives_wait_while_refined_data_comes_without_moving_the_water
     assert a.cause.startswith("PFC storm on leaf-p0-r3 port 2"), a.cause
 
 
+def test_held_collectives_wait_longer_for_the_first_refined_data() -> None:
+    """A worker starting on a backlog publishes aligned collectives before its first refined
+    group: detect has seen no refined data yet, so the stall patience is not its measure."""
+    d = Detector(default_catalog(), topology=Topo(), grace_ns=3 * S)
+    d.set_jobs([PLACEMENT])
+    out = Emitted()
+    for t in collectives(range(10)):
+        out.extend(d.on_collectives(t, T0))
+    out.extend(d.tick(T0))
+    out.extend(d.tick(T0 + 60 * S))  # a minute without any refined data: still waiting
+    assert out.alerts == []
+    wall = T0 + 60 * S
+    for _, t in batches(storm_rows(20)):
+        wall += S
+        out.extend(d.on_refined(t, wall))
+        out.extend(d.advance(int(t.column("ts")[0].as_py()), wall))
+        out.extend(d.tick(wall))
+    (a,) = out.alerts
+    assert a.cause is not None and a.cause.startswith("PFC storm on leaf-p0-r3 port 2"), a.cause
+    d2 = Detector(default_catalog(), topology=Topo(), grace_ns=3 * S)
+    d2.set_jobs([PLACEMENT])
+    for t in collectives(range(10)):
+        d2.on_collectives(t, T0)
+    d2.tick(T0)
+    (b,) = d2.tick(T0 + 121 * S).alerts  # no refined data for two minutes: judged anyway
+    assert b.cause == "none found"
+
+
 def test_low_watermark_is_the_slowest_partition_with_records_left() -> None:
     assert low_watermark({}, {}, {}) is None
     assert low_watermark({0: 0, 1: 0}, {0: 0, 1: -1}, {}) is None  # 1 not fetched yet

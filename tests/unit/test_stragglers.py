@@ -146,3 +146,18 @@ def test_no_stragglers_no_alert_and_ids_stable_across_replay_and_duplicates() ->
     d2.restore(d1.to_dict())
     rest = run(d2, tabs[24:], storm())
     assert [(x.id, x.state) for x in first + rest] == [(x.id, x.state) for x in a]
+
+
+def test_a_backlog_released_at_once_is_judged_as_two_straggle_episodes() -> None:
+    """Collectives a backlog releases in one batch: a straggle at 0-9 s and another at
+    200-209 s, calm in between. Judged in time order, the first episode resolves at the quiet
+    gap and the second fires under an id of its own, as when they arrive live."""
+    calm = collectives(range(10, 200, 10), None)
+    tabs = collectives(range(10)) + calm + collectives(range(200, 210))
+    bulk = StragglerDetector([PLACEMENT], Topo())
+    got = bulk.update(pa.concat_tables(tabs), storm(), T0 + 210 * S)
+    live = run(StragglerDetector([PLACEMENT], Topo()), tabs, storm())
+    assert [a.state.value for a in got] == ["firing", "resolved", "firing"], got
+    assert got[0].id == got[1].id != got[2].id
+    assert got[1].ends_ns is not None and got[1].ends_ns < T0 + 10 * S
+    assert [(a.id, a.state) for a in got] == [(a.id, a.state) for a in live]
