@@ -103,6 +103,23 @@ def initial_seq() -> int:
     return time.time_ns() // 1_000
 
 
+def clock_pair(tries: int = 4) -> tuple[int, int]:
+    """(wall, monotonic) ns read together. Of a few tries, the wall reading whose monotonic
+    readings either side are closest, with their midpoint: a process preempted between two
+    reads (a loaded host) must not look like a step of its wall clock, which would void its
+    exchanges (``ExchangeLog`` tolerates 50 µs)."""
+    best = (0, 0, 0)
+    for i in range(tries):
+        m0 = time.monotonic_ns()
+        wall = time.time_ns()
+        m1 = time.monotonic_ns()
+        if i == 0 or m1 - m0 < best[0]:
+            best = (m1 - m0, wall, (m0 + m1) // 2)
+        if m1 - m0 < 5_000:
+            break
+    return best[1], best[2]
+
+
 class BatchProducer:
     """Publish encoded batches to one topic. Not thread-safe; call :meth:`poll` or
     :meth:`send` regularly so delivery callbacks run. :meth:`close` flushes."""
@@ -173,7 +190,7 @@ class BatchProducer:
     def with_exchanges(self, envelope: Envelope) -> Envelope:
         """``envelope`` whose clock block (one with source ``none`` when it has none) carries
         the recent exchanges; as it is while there are none."""
-        self.exchanges.check(time.time_ns(), time.monotonic_ns())
+        self.exchanges.check(*clock_pair())
         carried = self.exchanges.carried()
         if not carried:
             return envelope
@@ -209,7 +226,7 @@ class BatchProducer:
                 headers=list(item.headers),
                 timestamp=item.timestamp_ms,
                 # read last: the append happens after them (pipelines.clock_bounds)
-                on_delivery=self._delivered(item, time.time_ns(), time.monotonic_ns()),
+                on_delivery=self._delivered(item, *clock_pair()),
             )
         except BufferError:
             return False
@@ -246,7 +263,7 @@ class BatchProducer:
         return cb
 
     def _exchanged(self, item: _Pending, msg: Message, sent_ns: int, mono_sent: int) -> None:
-        ack_ns, mono_ack = time.time_ns(), time.monotonic_ns()
+        ack_ns, mono_ack = clock_pair()
         kind, append_ms = msg.timestamp()
         part = msg.partition()
         if kind != TIMESTAMP_LOG_APPEND_TIME or part is None:
