@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 SCHEMA_VERSION = 1
 SUPPORTED_SCHEMA_VERSIONS = frozenset({1})
 
-# Bounds on strings in the envelope; samples have their own in pipelines.validate.
+# Bounds on strings in the envelope; samples have their own in pipelines.refine.validate.
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:@+-]{0,127}$"
 Int64 = Annotated[int, Field(ge=-(2**63), le=2**63 - 1)]
 

@@ -29,7 +29,7 @@ from opentelemetry.sdk.resources import Resource
 
 from lab.bench.figures import BenchResult
 from lab.bench.instructions import GROUP
-from pipelines.enrich import TopologyIndex
+from pipelines.refine.enrich import TopologyIndex
 from schemas.catalog import default_catalog
 from schemas.ingest import IngestDecoder, Position
 from services.worker.refiner import OutputTopics, RawRecord, Refiner

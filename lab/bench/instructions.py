@@ -47,7 +47,7 @@ def run(
     from lab.simulate.cluster import Cluster
     from lab.simulate.engine import Simulation
     from lab.simulate.messages import Stream
-    from pipelines.enrich import TopologyIndex
+    from pipelines.refine.enrich import TopologyIndex
     from schemas.catalog import default_catalog
     from services.worker.refiner import OutputTopics, RawRecord, Refiner
 

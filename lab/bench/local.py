@@ -108,7 +108,7 @@ def bench_clock(sources: int, batches: int = 240, seed: int = 0) -> BenchResult:
     until a source more than 1 s off is flagged."""
     import pyarrow as pa
 
-    from pipelines.clock import ClockEstimator, align
+    from pipelines.refine.clock import ClockEstimator, align
 
     rng = random.Random(seed)
     errs: list[float] = []

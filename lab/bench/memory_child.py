@@ -21,7 +21,7 @@ keep_heap()  # peak measured is the one a worker would have
 import pyarrow as pa  # noqa: E402
 
 from lab.bench.synthetic_source import bench_catalog  # noqa: E402
-from pipelines.enrich import TopologyIndex  # noqa: E402
+from pipelines.refine.enrich import TopologyIndex  # noqa: E402
 from schemas.codec import encode  # noqa: E402
 from schemas.wire import SAMPLES_SCHEMA, Envelope, SourceId  # noqa: E402
 from services.worker.refiner import OutputTopics, RawRecord, Refiner  # noqa: E402

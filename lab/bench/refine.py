@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 
 from lab.bench.synthetic_source import synthetic_source
-from pipelines.refine import RefineState, refine_batch
+from pipelines.refine.batch import RefineState, refine_batch
 
 
 def bench_refine(n_batches: int = 200, rows_per_batch: int = 1000) -> dict[str, float]:

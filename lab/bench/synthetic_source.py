@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from pipelines.enrich import TopologyIndex
+from pipelines.refine.enrich import TopologyIndex
 from schemas.catalog import Catalog, Kind, Metric, Origin, Overflow
 from schemas.records import EntityKind, JobPlacement, RankPlacement, TopologyEntity
 from schemas.wire import SAMPLES_SCHEMA, Batch, Envelope, SourceId

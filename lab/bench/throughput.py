@@ -96,7 +96,7 @@ def _in_process(kept: list[RawRecord], sim: Simulation, r: BenchResult) -> float
     process, on the same records: the first half warms the state
     (first sight of every source), the second half is measured. Plus bench_refine."""
     from lab.bench.refine import bench_refine
-    from pipelines.enrich import TopologyIndex
+    from pipelines.refine.enrich import TopologyIndex
 
     assert sim.start_ns is not None
     topo = TopologyIndex(sim.cluster.topology(), sim.cluster.jobs(sim.start_ns))

@@ -17,9 +17,9 @@ clock starts; the jobs are published at its start (``JobPlacement.start_ns`` = `
 
 Exchanges (speed 1 only, where the broker's clock is the true one): each acknowledged record
 of a node's batch is an exchange of that node's exporter with the broker
-(:mod:`pipelines.clock_bounds`): the wall-clock send and ack times the producer read, put on
+(:mod:`pipelines.refine.clock_bounds`): the wall-clock send and ack times the producer read, put on
 the node's simulated clock, with the broker's append time. Each node keeps its own
-:class:`~pipelines.clock_bounds.ExchangeLog` per stream (its simulated monotonic clock is its
+:class:`~pipelines.refine.clock_bounds.ExchangeLog` per stream (its simulated monotonic clock is its
 oscillator without the steps, so a step drops its exchanges as a real exporter's would), and
 its batches carry them in their clock block, as :meth:`BatchProducer.send` does for the
 exporters. At other speeds the simulated clocks bear no relation to the broker's: no
@@ -45,7 +45,7 @@ from confluent_kafka import KafkaError
 from lab.simulate.clocks import NodeClocks
 from lab.simulate.engine import Message, SendKind, Simulation, Stream
 from lab.simulate.truth import TruthWriter
-from pipelines.clock_bounds import Exchange, ExchangeLog
+from pipelines.refine.clock_bounds import Exchange, ExchangeLog
 from schemas.codec import JSON
 from schemas.records import EntityKind
 from schemas.wire import ClockBlock
@@ -358,7 +358,7 @@ def publish(
     conf = dict(extra_conf or {})
     if not fast:
         # paced: arrival time matters more than batching, and the exchanges' round trips
-        # (pipelines.clock_bounds) are the producer's delay
+        # (pipelines.refine.clock_bounds) are the producer's delay
         conf.setdefault("linger.ms", 0)
     truth = TruthWriter(truth_path) if truth_path is not None else None
     # producers first (they fetch their idempotent producer ids meanwhile), then the topology,

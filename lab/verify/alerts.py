@@ -28,7 +28,7 @@ import duckdb
 
 from lab.bench.accuracy import _spans, input_timing
 from lab.bench.accuracy_match import AccuracyReport, Detection, Signal, score
-from pipelines.rule_config import DeadletterRule, FreshnessRule, Rule, load_rules
+from pipelines.detect.rule_config import DeadletterRule, FreshnessRule, Rule, load_rules
 from schemas.catalog import default_catalog
 
 S = 1_000_000_000

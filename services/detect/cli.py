@@ -49,9 +49,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--web-host", default="127.0.0.1", help="/health's bind address (default 127.0.0.1)"
     )
-    p.add_argument(
-        "--data-dir", help="state directory (default $REFINERY_HOME/detect)"
-    )
+    p.add_argument("--data-dir", help="state directory (default $REFINERY_HOME/detect)")
     p.add_argument("--loglevel", default="warning")
     p.set_defaults(handler=run)
 

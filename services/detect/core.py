@@ -27,7 +27,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipelines.enrich import TopologyIndex
+from pipelines.refine.enrich import TopologyIndex
 from schemas.codec import ipc_stream
 from services.detect.detector import Detector, Emitted
 from services.kafka.feed import TopologyFeed

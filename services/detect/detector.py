@@ -22,11 +22,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipelines._arrow import MetricRows
-from pipelines.episodes import EpisodeSettings, EpisodeTracker
-from pipelines.rollup import Rollup, RollupSettings
-from pipelines.rule_config import load_rules
-from pipelines.rules import RuleEngine
-from pipelines.stragglers import PathLookup, StragglerDetector
+from pipelines.detect.episodes import EpisodeSettings, EpisodeTracker
+from pipelines.detect.rollup import Rollup, RollupSettings
+from pipelines.detect.rule_config import load_rules
+from pipelines.detect.rules import RuleEngine
+from pipelines.detect.stragglers import PathLookup, StragglerDetector
 from schemas.catalog import Catalog
 from schemas.records import Alert, Episode, JobPlacement
 

@@ -114,7 +114,7 @@ class BatchSink:
 
     def wait(self, seconds: float) -> None:
         """Sleep ``seconds``, serving delivery reports as they arrive: their exchanges with
-        the broker then bound the clock tightly (pipelines.clock_bounds)."""
+        the broker then bound the clock tightly (pipelines.refine.clock_bounds)."""
         producers = list(self._producers.values())
         deadline = time.monotonic() + seconds
         while (left := deadline - time.monotonic()) > 0:

@@ -38,7 +38,6 @@ class Progress:
         return self.commit_stalled_s <= stall_after_s
 
 
-
 # the topics each aiokafka client of this process has been told to track (see track_topics)
 _TRACKED: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
 
@@ -96,7 +95,6 @@ async def manual_acks(stream: Any, take_max: int, within_s: float) -> AsyncItera
         stream.enable_acks = False  # ... and nothing this process did not refine is acked
 
 
-
 def credentials(kafka: KafkaSettings) -> Any:
     if kafka.security_protocol == "PLAINTEXT":
         return None
@@ -121,7 +119,6 @@ def credentials(kafka: KafkaSettings) -> Any:
             ssl_context=ctx,
         )
     return faust.SSLCredentials(ctx)
-
 
 
 def run_worker(app: faust.App, loglevel: str = "warning", stop_timeout_s: float = 30.0) -> int:

@@ -25,7 +25,7 @@ caller (the simulator) can record exactly which batches were acknowledged.
 Exchanges with the broker: on a topic with ``LogAppendTime`` each delivery report carries the
 broker's append time ``A`` of the record. With the wall clock read just before ``produce()``
 (``S``) and when the report is served (``R``) it bounds this host's clock offset to the
-partition leader's (:mod:`pipelines.clock_bounds`). The producer keeps its recent exchanges
+partition leader's (:mod:`pipelines.refine.clock_bounds`). The producer keeps its recent exchanges
 (:attr:`BatchProducer.exchanges`) and :meth:`BatchProducer.send` carries them in each batch's
 clock block. Reports are served by :meth:`poll`/:meth:`send`: an exporter that polls often
 keeps ``R - S`` (and so the bound) small. ``on_exchange(tag, exchange, mono_sent, mono_ack)``
@@ -58,7 +58,7 @@ from confluent_kafka import (
     Producer,
 )
 
-from pipelines.clock_bounds import Exchange, ExchangeLog
+from pipelines.refine.clock_bounds import Exchange, ExchangeLog
 from schemas.codec import ARROW, encode
 from schemas.wire import ClockBlock, Envelope
 from services.settings import KafkaSettings
@@ -225,7 +225,7 @@ class BatchProducer:
                 key=item.key,
                 headers=list(item.headers),
                 timestamp=item.timestamp_ms,
-                # read last: the append happens after them (pipelines.clock_bounds)
+                # read last: the append happens after them (pipelines.refine.clock_bounds)
                 on_delivery=self._delivered(item, *clock_pair()),
             )
         except BufferError:

@@ -36,7 +36,7 @@ from enum import StrEnum
 
 import pyarrow as pa
 
-from pipelines.aligned import ALIGNED_COLLECTIVES_SCHEMA, ALIGNED_EVENTS_SCHEMA
+from pipelines.refine.aligned import ALIGNED_COLLECTIVES_SCHEMA, ALIGNED_EVENTS_SCHEMA
 from schemas.records import REFINED_SCHEMA, ROLLUP_SCHEMA
 
 

@@ -41,9 +41,9 @@ from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME
 from faust.types import TP
 from mode import CrashingSupervisor
 
-from pipelines.dedupe import SeqWindow
-from pipelines.enrich import TopologyIndex
-from pipelines.refine import RefineSettings
+from pipelines.refine.batch import RefineSettings
+from pipelines.refine.dedupe import SeqWindow
+from pipelines.refine.enrich import TopologyIndex
 from schemas.catalog import Catalog, default_catalog
 from schemas.ingest import IngestDecoder
 from services.gc_pacer import GcPacer
@@ -264,7 +264,12 @@ def build_app(
 
     ingest = IngestDecoder(dict(cfg.inputs.ingest), cat) if cfg.inputs.ingest else None
     refiner = Refiner(
-        cat, cfg.outputs, topology, loader(refine_streams), loader(refine_nodes), cfg.refine,
+        cat,
+        cfg.outputs,
+        topology,
+        loader(refine_streams),
+        loader(refine_nodes),
+        cfg.refine,
         ingest,
     )
     aligner = Refiner(cat, cfg.outputs, topology, loader(align_streams), lambda _: None, cfg.refine)

@@ -175,8 +175,8 @@ def _shape(conf: dict[str, Any], topic: str, default: tuple[int, int]) -> tuple[
 
 
 def run(args: argparse.Namespace, settings: RefinerySettings) -> int:
-    from pipelines.clock import ClockSettings
-    from pipelines.refine import RefineSettings
+    from pipelines.refine.batch import RefineSettings
+    from pipelines.refine.clock import ClockSettings
     from services.kafka.group import run_worker
     from services.kafka.log import require_cluster
     from services.telemetry import ServiceTelemetry

@@ -30,8 +30,8 @@ import logging
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
-from pipelines._packed import PackedRows
-from pipelines.refine import RefineState
+from pipelines.refine._packed import PackedRows
+from pipelines.refine.batch import RefineState
 from schemas.codec import content_type_of
 from schemas.reasons import Reason
 from schemas.records import DeadLetter

@@ -3,7 +3,7 @@ messages to publish out, state changes recorded for the next checkpoint.
 
 :class:`Refiner` decodes a record (either wire encoding), routes samples through
 :func:`pipelines.refine.refine_group` and events/collectives through
-:func:`pipelines.aligned.align_records`, and returns :class:`OutMessage` values for the
+:func:`pipelines.refine.aligned.align_records`, and returns :class:`OutMessage` values for the
 refined, aligned, dead-letter, accounting and alert topics. Every input record produces
 exactly one accounting message (outcome ``refined``, ``duplicate``, ``replay`` or
 ``deadletter``) so the invariant ``input = refined + deduplicated + quarantined`` can be
@@ -27,18 +27,18 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from pipelines.aligned import align_records
-from pipelines.clock import ClockEstimate, ClockEstimator
-from pipelines.counters import CounterState
-from pipelines.dedupe import SeqWindow
-from pipelines.enrich import TopologyIndex
-from pipelines.refine import (
+from pipelines.refine.aligned import align_records
+from pipelines.refine.batch import (
     RawBatch,
     RefineResult,
     RefineSettings,
     RefineState,
     refine_group,
 )
+from pipelines.refine.clock import ClockEstimate, ClockEstimator
+from pipelines.refine.counters import CounterState
+from pipelines.refine.dedupe import SeqWindow
+from pipelines.refine.enrich import TopologyIndex
 from schemas.catalog import Catalog
 from schemas.codec import ARROW, content_type_of, decode, ipc_stream
 from schemas.errors import RejectedInput
@@ -71,7 +71,7 @@ class RawRecord:
     headers: list[tuple[str, bytes]]
     append_ms: int  # broker LogAppendTime (ms)
     # the timestamp is the broker's append time; False: the producer's CreateTime (a topic
-    # without LogAppendTime), on which no clock is aligned (pipelines.clock)
+    # without LogAppendTime), on which no clock is aligned (pipelines.refine.clock)
     log_append: bool = True
 
 

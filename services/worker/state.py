@@ -24,9 +24,9 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from pipelines.clock import ClockEstimator, ClockSettings
-from pipelines.counters import STATE_SCHEMA, CounterState
-from pipelines.dedupe import OVERLAP_SCHEMA, POINTS_SCHEMA, OverlapState, SeqWindow
+from pipelines.refine.clock import ClockEstimator, ClockSettings
+from pipelines.refine.counters import STATE_SCHEMA, CounterState
+from pipelines.refine.dedupe import OVERLAP_SCHEMA, POINTS_SCHEMA, OverlapState, SeqWindow
 from schemas.codec import ipc_stream_parts
 from schemas.records import compact_json
 

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pyarrow as pa
 
-from pipelines.refine import RefineResult
+from pipelines.refine.batch import RefineResult
 from schemas.codec import ARROW, ipc_stream_within
 from schemas.records import lineage_header
 from schemas.wire import Batch

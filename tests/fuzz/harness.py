@@ -20,7 +20,7 @@ import pyarrow as pa
 from lab.simulate.cluster import Cluster
 from lab.simulate.engine import Simulation
 from lab.simulate.messages import SendKind
-from pipelines.enrich import TopologyIndex
+from pipelines.refine.enrich import TopologyIndex
 from schemas.catalog import Catalog, default_catalog
 from schemas.codec import ARROW, ENVELOPE_KEY, JSON, decode, encode
 from schemas.errors import RejectedInput

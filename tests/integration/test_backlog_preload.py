@@ -14,7 +14,7 @@ from lab.simulate.cluster import Cluster
 from lab.simulate.engine import Simulation
 from lab.simulate.publish import Topics, publish
 from lab.simulate.truth import load_truth
-from pipelines.clock_bounds import exchanges_of, hard_interval
+from pipelines.refine.clock_bounds import exchanges_of, hard_interval
 from schemas.codec import content_type_of, decode
 from schemas.errors import RejectedInput
 from services.settings import KafkaSettings

@@ -18,7 +18,7 @@ from lab.simulate.cluster import Cluster
 from lab.simulate.engine import Simulation
 from lab.simulate.publish import Topics, publish
 from lab.simulate.truth import load_truth
-from pipelines.clock import ClockEstimator, align, row_errors
+from pipelines.refine.clock import ClockEstimator, align, row_errors
 from schemas.codec import content_type_of, decode
 from schemas.errors import RejectedInput
 from schemas.wire import SAMPLES_SCHEMA, Envelope, PayloadKind, SourceId

@@ -21,7 +21,7 @@ import pytest
 from confluent_kafka import Producer
 
 from lab.lake import synth
-from pipelines.aligned import ALIGNED_COLLECTIVES_SCHEMA, ALIGNED_EVENTS_SCHEMA
+from pipelines.refine.aligned import ALIGNED_COLLECTIVES_SCHEMA, ALIGNED_EVENTS_SCHEMA
 from schemas.codec import ARROW
 from schemas.records import REFINED_SCHEMA, ROLLUP_SCHEMA
 from services.lake import sqlload

@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from pipelines.aligned import ALIGNED_COLLECTIVES_SCHEMA, ALIGNED_EVENTS_SCHEMA, align_records
-from pipelines.clock import ClockEstimate
+from pipelines.refine.aligned import (
+    ALIGNED_COLLECTIVES_SCHEMA,
+    ALIGNED_EVENTS_SCHEMA,
+    align_records,
+)
+from pipelines.refine.clock import ClockEstimate
 from schemas.wire import EVENTS_SCHEMA, Batch, Envelope, PayloadKind, SourceId
 
 T = 1_700_000_000 * 1_000_000_000

@@ -52,8 +52,7 @@ def test_the_page_holds_every_figure_with_its_goal_and_no_date_or_commit(tmp_pat
     page = got.stdout
     assert (
         "| worker_throughput | worker_steady_samples_per_s | 812,345 samples/s "
-        "| ≥ 1,000,000 samples/s | no |"
-        in page
+        "| ≥ 1,000,000 samples/s | no |" in page
     )
     assert "| alert_latency | xid_p99_s | 1.4 s | ≤ 5 s | yes |" in page
     assert "| worker_throughput | worker_cpu_s_per_m | 1.52 CPU-s | — |  |" in page

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipelines.aligned import ERROR_CAP_NS, align_records
-from pipelines.refine import RawBatch, RefineState, refine_group
+from pipelines.refine.aligned import ERROR_CAP_NS, align_records
+from pipelines.refine.batch import RawBatch, RefineState, refine_group
 from schemas.codec import ARROW, CLOCK_SPAN_NS, JSON, decode, encode
 from schemas.errors import RejectedInput
 from schemas.reasons import Reason
@@ -105,7 +105,7 @@ def test_refining_stays_in_int64_for_every_clock_block_the_decoder_accepts(
 def test_aligning_events_stays_in_int64_for_every_clock_block_the_decoder_accepts(
     sent: int, clock: ClockBlock | None
 ) -> None:
-    from pipelines.clock import ClockEstimator, ClockSettings
+    from pipelines.refine.clock import ClockEstimator, ClockSettings
 
     src = SourceId(node="n1", exporter="ev", instance="0", boot_id="b0")
     env = Envelope(source=src, seq=1, sent_ns=sent, kind=PayloadKind.EVENTS, clock=clock)

@@ -1,5 +1,5 @@
 """The bound from producer exchanges holds by construction: any delays, steps, drift up to
-±200 ppm, millisecond append times (property tests of pipelines.clock_bounds and of the
+±200 ppm, millisecond append times (property tests of pipelines.refine.clock_bounds and of the
 estimator bounded by them)."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipelines.clock import ClockEstimator
-from pipelines.clock_bounds import (
+from pipelines.refine.clock import ClockEstimator
+from pipelines.refine.clock_bounds import (
     STEP_TOL_NS,
     Exchange,
     ExchangeLog,
@@ -187,8 +187,8 @@ def _refine(rows_ts: list[int], seq: int, sent: int, append_ns: int, clock: Cloc
     import pyarrow as pa
 
     from lab.bench.synthetic_source import bench_catalog, bench_topology
-    from pipelines.enrich import TopologyIndex
-    from pipelines.refine import RawBatch, RefineState, refine_group
+    from pipelines.refine.batch import RawBatch, RefineState, refine_group
+    from pipelines.refine.enrich import TopologyIndex
     from schemas.wire import SAMPLES_SCHEMA, Batch, Envelope, SourceId
 
     assert isinstance(state, RefineState)
@@ -207,7 +207,7 @@ def _refine(rows_ts: list[int], seq: int, sent: int, append_ns: int, clock: Cloc
 
 
 def test_refined_rows_say_what_their_bound_rests_on_and_grow_off_the_anchor() -> None:
-    from pipelines.refine import RefineState
+    from pipelines.refine.batch import RefineState
 
     state = RefineState()
     off = 7 * MS  # the source is 7 ms ahead of the broker; 0.3 ms round trips

@@ -10,8 +10,8 @@ import pytest
 
 from lab.simulate.cluster import Cluster
 from lab.simulate.engine import Simulation, Stream
-from pipelines.counters import CounterLayout, CounterPart, CounterState, derive_rates_group
-from pipelines.validate import validate_samples
+from pipelines.refine.counters import CounterLayout, CounterPart, CounterState, derive_rates_group
+from pipelines.refine.validate import validate_samples
 from schemas.catalog import default_catalog
 from schemas.wire import SAMPLES_SCHEMA, PayloadKind
 
@@ -154,7 +154,7 @@ def test_validation_generations_follow_the_columns() -> None:
     """The generation a batch's validation layout gives is the same while its metric and
     device columns are, and new whenever the layout is filled again, also from a layout
     another source shares (two sources never share a generation)."""
-    from pipelines.validate import LayoutCache, SharedLayouts
+    from pipelines.refine.validate import LayoutCache, SharedLayouts
 
     t = T0
 

@@ -9,7 +9,7 @@ import pyarrow.compute as pc
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipelines.counters import (
+from pipelines.refine.counters import (
     CounterColumns,
     CounterPart,
     CounterState,
@@ -17,7 +17,7 @@ from pipelines.counters import (
     derive_rates,
     derive_rates_group,
 )
-from pipelines.validate import validate_samples
+from pipelines.refine.validate import validate_samples
 from schemas.catalog import Catalog, Kind, Metric, Origin, Overflow
 from schemas.wire import SAMPLES_SCHEMA
 

@@ -9,7 +9,7 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipelines.dedupe import OverlapState, SeqOutcome, SeqWindow, drop_overlaps
+from pipelines.refine.dedupe import OverlapState, SeqOutcome, SeqWindow, drop_overlaps
 
 
 def test_seq_outcomes() -> None:

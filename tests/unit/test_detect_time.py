@@ -9,7 +9,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from pipelines.episodes import EpisodeSettings, EpisodeTracker
+from pipelines.detect.episodes import EpisodeSettings, EpisodeTracker
 from schemas.catalog import default_catalog
 from schemas.records import Episode
 from services.detect.core import low_watermark

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from pipelines.enrich import ENRICH_SCHEMA, TopologyIndex, classify_device
+from pipelines.refine.enrich import ENRICH_SCHEMA, TopologyIndex, classify_device
 from schemas.records import EntityKind, JobPlacement, RankPlacement, TopologyEntity
 
 T = 1_000_000

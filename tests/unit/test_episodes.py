@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from pipelines.episodes import EpisodeSettings, EpisodeTracker
+from pipelines.detect.episodes import EpisodeSettings, EpisodeTracker
 from schemas.records import AlertState, Episode
 from tests.unit.derived_helpers import T0, S, batches, series
 

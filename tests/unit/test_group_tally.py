@@ -4,7 +4,7 @@ records whose clock bound was widened, by why."""
 
 from __future__ import annotations
 
-from pipelines.clock import ClockEstimate
+from pipelines.refine.clock import ClockEstimate
 from services.telemetry import ServiceTelemetry
 from services.worker.app import GroupTally
 from services.worker.refiner import Outcome, RawRecord

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipelines.clock import ClockEstimator
+from pipelines.refine.clock import ClockEstimator
 from schemas.codec import ARROW, encode
 from schemas.records import refined_lineage
 from schemas.wire import Batch, ClockBlock
@@ -225,7 +225,7 @@ def test_property_poison_anywhere_in_any_grouping_fails_alone(
 def test_undo_knows_every_part_of_the_refine_state() -> None:
     """Fails when RefineState gains a field: ``Undo`` (services/worker/guard.py) must put it
     back after a failed attempt, or say here why it need not (a cache)."""
-    from pipelines.refine import RefineState
+    from pipelines.refine.batch import RefineState
 
     put_back = {"seqs", "clocks", "counters", "overlaps", "watermarks"}
     caches = {"decoders", "layouts", "shared_layouts", "counter_layouts"}

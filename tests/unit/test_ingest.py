@@ -259,7 +259,7 @@ def test_every_bench_adapter_message_refines_whole() -> None:
     """The ingest bench measures what the worker does with mapped data: each adapter's
     messages refine entirely (no sample dead-lettered), counters with deltas after the first."""
     from lab.bench.ingest import SECOND, adapters, decode_rate
-    from pipelines.enrich import TopologyIndex
+    from pipelines.refine.enrich import TopologyIndex
     from schemas.catalog import default_catalog
     from services.worker.refiner import OutputTopics, RawRecord, Refiner
 

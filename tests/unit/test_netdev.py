@@ -15,8 +15,8 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from pipelines.enrich import TopologyIndex
-from pipelines.refine import RefineState, refine_batch
+from pipelines.refine.batch import RefineState, refine_batch
+from pipelines.refine.enrich import TopologyIndex
 from schemas.catalog import default_catalog
 from schemas.records import EntityKind, TopologyEntity
 from schemas.wire import Batch, Envelope, SourceId

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from pipelines.counters import CounterColumns, CounterState, derive_rates
-from pipelines.validate import validate_samples
+from pipelines.refine.counters import CounterColumns, CounterState, derive_rates
+from pipelines.refine.validate import validate_samples
 from schemas.wire import SAMPLES_SCHEMA
 from tests.unit.test_counters import CAT, NOW
 
@@ -64,7 +64,8 @@ def test_a_source_clock_stepped_back_keeps_the_delta_and_states_no_rate_across_t
     cols, _ = run([1000 + i * 100 for i in range(10)], src2, al2, state)
     assert cols.late.to_pylist() == [False] * 10
     assert cols.delta.to_pylist() == [100.0] * 10  # nothing lost across the step
-    # neither clock gives the interval across the step (pipelines/counters.py): no rate there;
+    # neither clock gives the interval across the step (pipelines/refine/counters.py):
+    # no rate there;
     # on the source's clock again after it
     assert cols.rate.to_pylist() == [None] + [1000.0] * 9
 

@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 
 from lab.bench.refine import bench_refine
 from lab.bench.synthetic_source import bench_catalog, bench_topology
-from pipelines.enrich import TopologyIndex
-from pipelines.refine import RefineState, refine_batch
+from pipelines.refine.batch import RefineState, refine_batch
+from pipelines.refine.enrich import TopologyIndex
 from schemas.records import REFINED_SCHEMA
 from schemas.wire import SAMPLES_SCHEMA, Batch, ClockBlock, Envelope, SourceId
 

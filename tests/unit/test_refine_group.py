@@ -12,8 +12,7 @@ import pytest
 
 from lab.simulate.cluster import Cluster
 from lab.simulate.engine import Simulation, Stream
-from pipelines.enrich import TopologyIndex
-from pipelines.refine import (
+from pipelines.refine.batch import (
     RawBatch,
     RefineResult,
     RefineSettings,
@@ -21,6 +20,7 @@ from pipelines.refine import (
     refine_batch,
     refine_group,
 )
+from pipelines.refine.enrich import TopologyIndex
 from schemas.catalog import default_catalog
 from schemas.wire import Batch, PayloadKind
 

@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import pyarrow as pa
 
-from pipelines.enrich import TopologyIndex
+from pipelines.refine.enrich import TopologyIndex
 from schemas.catalog import default_catalog
 from schemas.codec import ARROW, encode
 from schemas.records import compact_json, lineage_header, refined_lineage

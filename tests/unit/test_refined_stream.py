@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from lab.simulate.cluster import Cluster
 from lab.simulate.engine import Simulation
 from lab.simulate.messages import Stream
-from pipelines.enrich import TopologyIndex
+from pipelines.refine.enrich import TopologyIndex
 from schemas.catalog import default_catalog
 from schemas.codec import ipc_stream, ipc_stream_within
 from services.worker.refiner import OutputTopics, RawRecord, Refiner, _WaveRows
@@ -38,7 +38,7 @@ def _wave() -> pa.RecordBatch:
     ref = Refiner(default_catalog(), OutputTopics(), lambda: topo, lambda _: None, lambda _: None)
     ref.process_group(recs[: len(recs) // 2], T0 + 10 * S)
     # the second half in one call: one wave's table, read back from a refined result
-    from pipelines.refine import RawBatch, refine_group
+    from pipelines.refine.batch import RawBatch, refine_group
     from schemas.codec import content_type_of, decode
     from schemas.errors import RejectedInput
     from schemas.wire import PayloadKind

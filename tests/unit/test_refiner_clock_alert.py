@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from pipelines.enrich import TopologyIndex
+from pipelines.refine.enrich import TopologyIndex
 from schemas.codec import ARROW, encode
 from services.worker.refiner import OutputTopics, RawRecord, Refiner
 from services.worker.state import StreamState

@@ -11,7 +11,7 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipelines.rollup import Rollup, RollupSettings
+from pipelines.detect.rollup import Rollup, RollupSettings
 from schemas.records import ROLLUP_SCHEMA
 from tests.unit.derived_helpers import T0, S, refined
 

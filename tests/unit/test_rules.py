@@ -10,7 +10,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from pipelines.rules import ClockStatus, RuleEngine, load_rules, parse_rules
+from pipelines.detect.rules import ClockStatus, RuleEngine, load_rules, parse_rules
 from schemas.catalog import default_catalog
 from schemas.errors import ConfigError
 from schemas.records import Alert, AlertState
@@ -382,7 +382,7 @@ def test_default_rules_cover_every_domain() -> None:
     }
     metrics = {getattr(r, "metric", None) for r in rules}
     # RoCE congestion is reported once, as episodes, not also as per-NIC threshold alerts
-    from pipelines.episodes import CONGESTION_THRESHOLDS
+    from pipelines.detect.episodes import CONGESTION_THRESHOLDS
 
     for m in ("nic.rx_prio_pause", "rdma.np_cnp_sent", "rdma.np_ecn_marked_roce_packets"):
         assert m in CONGESTION_THRESHOLDS and m not in metrics

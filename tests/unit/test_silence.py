@@ -229,8 +229,8 @@ def test_rows_of_one_raw_partition_all_count_however_its_nodes_interleave() -> N
 def test_an_ingest_topics_offsets_are_its_own() -> None:
     """A node's exporter on telemetry.raw and its Influx source on an ingest topic, both
     sending every second: partition 0 of each has offsets of its own (the raw one far ahead)."""
-    from pipelines.rule_config import load_rules
-    from pipelines.rules import RuleEngine
+    from pipelines.detect.rule_config import load_rules
+    from pipelines.detect.rules import RuleEngine
     from services.detect.detector import DEFAULT_RULES
 
     cat = default_catalog()

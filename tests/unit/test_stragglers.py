@@ -9,8 +9,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipelines.episodes import EpisodeTracker, OpenEpisode
-from pipelines.stragglers import NONE_FOUND, StragglerDetector, arrival_skew
+from pipelines.detect.episodes import EpisodeTracker, OpenEpisode
+from pipelines.detect.stragglers import NONE_FOUND, StragglerDetector, arrival_skew
 from schemas.records import Alert, JobPlacement, RankPlacement
 from schemas.wire import COLLECTIVES_SCHEMA
 from tests.unit.derived_helpers import T0, S, batches, series

@@ -8,7 +8,7 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipelines.validate import LayoutCache, SharedLayouts, ValidateLimits, validate_samples
+from pipelines.refine.validate import LayoutCache, SharedLayouts, ValidateLimits, validate_samples
 from schemas.catalog import Catalog, Kind, Metric, Origin, Overflow
 from schemas.reasons import Reason
 from schemas.wire import SAMPLES_SCHEMA

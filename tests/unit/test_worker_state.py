@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from pipelines.clock import ClockEstimator
-from pipelines.counters import STATE_SCHEMA, CounterState
-from pipelines.dedupe import POINTS_SCHEMA, OverlapState, SeqWindow
+from pipelines.refine.clock import ClockEstimator
+from pipelines.refine.counters import STATE_SCHEMA, CounterState
+from pipelines.refine.dedupe import POINTS_SCHEMA, OverlapState, SeqWindow
 from schemas.codec import ipc_stream_parts
 from services.worker.state import StreamState, _frame, decode_overlap, encode_overlap
 

@@ -1,4 +1,5 @@
-"""The rule engine: rules as data (see :mod:`pipelines.rule_config`), evaluated in the stream.
+"""The rule engine: rules as data (see :mod:`pipelines.detect.rule_config`), evaluated in
+the stream.
 
 What the Faust shim calls (all pure; time is always passed in, never read)::
 
@@ -13,7 +14,7 @@ What the Faust shim calls (all pure; time is always passed in, never read)::
     table_value = engine.to_dict()                      # JSON-able, for a Faust table
 
 Every method returns only **state changes** (firing and resolved :class:`Alert` records);
-the firing and resolved records of one alert share a stable id (:mod:`pipelines.alerts`).
+the firing and resolved records of one alert share a stable id (:mod:`pipelines.detect.alerts`).
 State is bounded by series that are pending or firing, plus a few numbers per source.
 
 >>> from schemas.catalog import default_catalog
@@ -30,8 +31,8 @@ from typing import Any
 import pyarrow as pa
 
 from pipelines._arrow import MetricRows
-from pipelines.alerts import RAW_TOPIC, AlertBook, lineage_of
-from pipelines.rule_config import (
+from pipelines.detect.alerts import RAW_TOPIC, AlertBook, lineage_of
+from pipelines.detect.rule_config import (
     BitmaskRule,
     ClockRule,
     DeadletterRule,
@@ -44,14 +45,14 @@ from pipelines.rule_config import (
     load_rules,
     parse_rules,
 )
-from pipelines.rule_eval import (
+from pipelines.detect.rule_eval import (
     eval_bitmask,
     eval_events,
     eval_metric_events,
     eval_threshold,
     expire_events,
 )
-from pipelines.rule_health import (
+from pipelines.detect.rule_health import (
     ClockStatus,
     DeadletterWindow,
     NodeProgress,
@@ -64,7 +65,7 @@ from pipelines.rule_health import (
     summarize_batches,
     tick_silent,
 )
-from pipelines.xid import XID_TABLE, xid_info
+from pipelines.detect.xid import XID_TABLE, xid_info
 from schemas.catalog import Catalog, Kind
 from schemas.errors import ConfigError
 from schemas.records import REFINED_SCHEMA, Alert, Lineage
@@ -193,7 +194,8 @@ class RuleEngine:
     ) -> None:
         """The refiner accounted for the raw record at ``(partition, offset)`` of the raw
         topic, appended by the broker at ``append_ns``, a batch of ``node`` that gave refined
-        rows when ``rows``: silence is judged on this progress (:mod:`pipelines.rule_health`).
+        rows when ``rows``: silence is judged on this progress
+        (:mod:`pipelines.detect.rule_health`).
         Records of a partition arrive in offset order. ``topic``: the raw topic (None: the
         engine's)."""
         topic = topic or self.raw_topic
@@ -246,5 +248,5 @@ class RuleEngine:
 
 
 def lineage_for(table: pa.Table, topic: str = RAW_TOPIC) -> list[Lineage]:
-    """Re-exported :func:`pipelines.alerts.lineage_of` for shims."""
+    """Re-exported :func:`pipelines.detect.alerts.lineage_of` for shims."""
     return lineage_of(table, topic)

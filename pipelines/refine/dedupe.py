@@ -45,7 +45,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipelines._arrow import Array, all_true, any_true, column
-from pipelines._packed import PackedRows
+from pipelines.refine._packed import PackedRows
 
 Position = tuple[int, int]  # (partition, offset)
 
@@ -253,7 +253,7 @@ class OverlapState:
     # metric share no point, which is the common case (a node's exporters measure different
     # things), and a batch is then kept whole without building or hashing point keys
     metrics: dict[str, frozenset[str]] = field(default_factory=dict, compare=False, repr=False)
-    # the validation layout generation (:attr:`pipelines.validate.LayoutCache.gen`) whose
+    # the validation layout generation (:attr:`pipelines.refine.validate.LayoutCache.gen`) whose
     # metric and device columns a source's table holds, when it holds a whole batch's rows (a
     # cache, not state): a batch of the same generation has the same series, uncompared
     gens: dict[str, int] = field(default_factory=dict, compare=False, repr=False)

@@ -3,7 +3,7 @@
 Hot path: per rule, one vectorized filter of the refined batch, one classification, one sort
 by (series, ts), and one vectorized pass that keeps only the rows where a series' class
 changes (run starts and ends). Python then walks those few rows — about one or two per
-series per batch — through each series' :class:`~pipelines.alerts.Hysteresis`.
+series per batch — through each series' :class:`~pipelines.detect.alerts.Hysteresis`.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipelines._arrow import Array, column, nxt, prev, true_mask, where
-from pipelines.alerts import HI, LO, AlertBook, Firing, alert_id, classify
-from pipelines.rule_config import BitmaskRule, EventRule, ThresholdRule, render
-from pipelines.xid import xid_info
+from pipelines.detect.alerts import HI, LO, AlertBook, Firing, alert_id, classify
+from pipelines.detect.rule_config import BitmaskRule, EventRule, ThresholdRule, render
+from pipelines.detect.xid import xid_info
 from schemas.catalog import Catalog
 from schemas.records import Alert, Lineage
 

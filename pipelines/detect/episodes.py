@@ -18,7 +18,7 @@ lowest SM clock.
 
 Ids are stable: ``sha1(kind, entity, start bucket)``, so a replay or a restart re-emits the
 same id. Each episode is emitted as ``firing`` when it opens and ``resolved`` when it closes
-(same id). Closed episodes are kept for ``retain_ns`` so :mod:`pipelines.stragglers` can
+(same id). Closed episodes are kept for ``retain_ns`` so :mod:`pipelines.detect.stragglers` can
 join recent ones. State: open episodes plus a bounded list of recent ones.
 """
 
@@ -31,7 +31,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipelines._arrow import column, true_mask
-from pipelines.alerts import stable_id
+from pipelines.detect.alerts import stable_id
 from schemas.records import AlertState, Episode
 
 CONGESTION_THRESHOLDS: dict[str, float] = {

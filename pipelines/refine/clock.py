@@ -83,8 +83,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipelines._arrow import Array
-from pipelines._packed import PackedRows
-from pipelines.clock_bounds import DRIFT_PPM, drift_rate, exchanges_of, hard_interval
+from pipelines.refine._packed import PackedRows
+from pipelines.refine.clock_bounds import DRIFT_PPM, drift_rate, exchanges_of, hard_interval
 from schemas.wire import ClockBlock
 
 
@@ -126,7 +126,7 @@ class ClockEstimate:
     # "step_down" (a step down that may be a delay episode); None: not widened so
     widened: str | None = None
     # what the bound rests on: "exchange" (the source's exchanges with the broker: holds by
-    # construction, see pipelines.clock_bounds), "assumed" (the minimum-delay model above),
+    # construction, see pipelines.refine.clock_bounds), "assumed" (the minimum-delay model above),
     # "create_time" (the record carried no broker append time and the source no exchanges:
     # the last estimate, not moved by this record)
     basis: str = "assumed"
@@ -574,7 +574,7 @@ def bounded(
     est: ClockEstimate, x: int, clock: ClockBlock | None, drift_ppm: float = DRIFT_PPM
 ) -> ClockEstimate:
     """``est`` held to the hard interval ``[lo, hi]`` the clock block's exchanges give at
-    source time ``x`` (:func:`pipelines.clock_bounds.hard_interval`).
+    source time ``x`` (:func:`pipelines.refine.clock_bounds.hard_interval`).
 
     The offset is the interval's middle, or, where the model's own interval ``offset ±
     error`` is narrower and meets it, the middle of the two's intersection: the model

@@ -34,8 +34,8 @@ import pyarrow.compute as pc
 from pydantic import BaseModel, ConfigDict, Field
 
 from pipelines._arrow import column
-from pipelines.alerts import HI, LO, MID, AlertBook, Firing, alert_id
-from pipelines.rule_config import (
+from pipelines.detect.alerts import HI, LO, MID, AlertBook, Firing, alert_id
+from pipelines.detect.rule_config import (
     ClockRule,
     DeadletterRule,
     FreshnessRule,

@@ -20,24 +20,24 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipelines._arrow import column, repeat_strings, true_mask
-from pipelines.aligned import in_int64
-from pipelines.clock import ClockEstimate, ClockEstimator, ClockSettings, row_errors
-from pipelines.counters import (
+from pipelines.refine.aligned import in_int64
+from pipelines.refine.clock import ClockEstimate, ClockEstimator, ClockSettings, row_errors
+from pipelines.refine.counters import (
     CounterLayout,
     CounterPart,
     CounterState,
     StateDecoder,
     derive_rates_group,
 )
-from pipelines.dedupe import (
+from pipelines.refine.dedupe import (
     OverlapState,
     Position,
     SeqOutcome,
     SeqWindow,
     drop_overlaps,
 )
-from pipelines.enrich import TopologyIndex
-from pipelines.validate import (
+from pipelines.refine.enrich import TopologyIndex
+from pipelines.refine.validate import (
     LayoutCache,
     RejectedRows,
     SharedLayouts,
@@ -459,8 +459,9 @@ def _repeat_topics(topics: list[str | None], counts: Any) -> Any:
 
 
 def _align_rows(ts_source: Any, clocks: list[ClockEstimate], per: pa.Table) -> tuple[Any, Any]:
-    """Aligned ts and the offset applied, each row with its own batch's estimate (the
-    arithmetic of :func:`pipelines.clock.align`, the estimate's values per row in ``per``)."""
+    """Aligned ts and the offset applied, each row with its own batch's estimate
+    (the arithmetic of :func:`pipelines.refine.clock.align`, the estimate's values per row
+    in ``per``)."""
     ts = pc.cast(ts_source, pa.int64())
     offsets = column(per, "clock_offset_ns")
     if all(c.drift_ppm == 0.0 for c in clocks):

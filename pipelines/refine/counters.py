@@ -45,7 +45,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipelines._arrow import Array, any_true, column, take, true_mask, where
-from pipelines.validate import BITMASK, COUNTER, ENUM, lookup
+from pipelines.refine.validate import BITMASK, COUNTER, ENUM, lookup
 from schemas.catalog import Catalog, Kind, Metric
 from schemas.reasons import NullReason
 
@@ -112,7 +112,7 @@ class CounterLayout:
     pos: Any = None  # numpy: its counter rows (in the batch), in (series, source ts) order
     codes: Any = None  # numpy: the series of each, as an index into ``names``
     hits: int = 0  # batches that used it
-    # the validation layout generation (:attr:`pipelines.validate.LayoutCache.gen`) of the
+    # the validation layout generation (:attr:`pipelines.refine.validate.LayoutCache.gen`) of the
     # batch it was made from, when that batch's rows were all kept: a later batch of the same
     # generation whose rows were all kept has the same metric and device columns
     known: int | None = None
@@ -151,7 +151,7 @@ def derive_rates(
 ) -> tuple[CounterColumns, CounterState]:
     """Deltas and rates for the counter rows of ``table`` (all from one source stream).
 
-    ``table`` has the columns of :data:`pipelines.validate.ACCEPTED_SCHEMA` (``metric``,
+    ``table`` has the columns of :data:`pipelines.refine.validate.ACCEPTED_SCHEMA` (``metric``,
     ``device``, ``raw``, ``kind``, ``scale``, ``max_raw``, ``saturate``, ``null_reason``);
     ``ts`` is the aligned time of each row. Returns the per-row columns and the new state;
     ``state`` itself is not modified. Never raises on data."""

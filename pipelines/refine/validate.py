@@ -238,7 +238,7 @@ class LayoutCache:
     row_index: Array = None
     # which metric/device columns it was derived from: a number no other fill of any cache
     # had, so two batches that found the same ``gen`` have equal columns without comparing
-    # them again (the counter layouts, :class:`pipelines.counters.CounterLayout`, use it)
+    # them again (the counter layouts, :class:`pipelines.refine.counters.CounterLayout`, use it)
     gen: int = 0
 
 

@@ -13,7 +13,7 @@ from dataclasses import replace
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipelines.clock import ClockEstimate, align, row_errors
+from pipelines.refine.clock import ClockEstimate, align, row_errors
 from schemas.wire import COLLECTIVES_SCHEMA, EVENTS_SCHEMA, Batch, PayloadKind
 
 

@@ -17,9 +17,9 @@ per collective. Its id is ``alert_id("nccl_straggler", "job/<job>", onset)``, st
 replays and restarts.
 
 Cause: each straggler rank maps to ``(node, gpu)`` through :class:`JobPlacement`, then to
-its NIC and leaf port through a :class:`PathLookup` (e.g. :class:`pipelines.enrich.
+its NIC and leaf port through a :class:`PathLookup` (e.g. :class:`pipelines.refine.enrich.
 TopologyIndex`) at the collective's time. Open or recent episodes
-(:class:`pipelines.episodes.EpisodeTracker`) on that port/NIC (congestion) or GPU
+(:class:`pipelines.detect.episodes.EpisodeTracker`) on that port/NIC (congestion) or GPU
 (throttling), overlapping the straggle window, are candidates; the one on the path of the
 most straggler ranks wins. ``cause`` names it; otherwise ``cause = "none found"``.
 """
@@ -33,8 +33,8 @@ from typing import Any, Protocol
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipelines.alerts import Firing, alert_id
-from pipelines.episodes import OpenEpisode, cause_hint
+from pipelines.detect.alerts import Firing, alert_id
+from pipelines.detect.episodes import OpenEpisode, cause_hint
 from schemas.records import Alert, AlertState, JobPlacement, Lineage
 from schemas.wire import COLLECTIVES_SCHEMA
 

@@ -1,0 +1,2 @@
+"""Refining: validate, dedupe, align clocks, derive counter rates and enrich a batch of
+samples (pure transforms over Arrow tables)."""
