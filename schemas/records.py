@@ -48,7 +48,7 @@ REFINED_SCHEMA = pa.schema(
         pa.field("value", pa.float64()),  # gauge in unit; counter: cumulative in unit
         pa.field("raw", pa.uint64()),  # counters: raw reading as received
         pa.field("delta", pa.float64()),  # counters: increase since previous sample, in unit
-        pa.field("rate", pa.float64()),  # counters: delta per second of aligned time
+        pa.field("rate", pa.float64()),  # counters: delta per second of the source's own clock
         pa.field("null_reason", pa.string()),  # why value/delta is NULL (NullReason)
         pa.field("reset", pa.bool_(), nullable=False),  # counter reset assumed here
         pa.field("late", pa.bool_(), nullable=False),  # arrived after its window was closed
