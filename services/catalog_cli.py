@@ -27,7 +27,7 @@ from schemas.ingest.assemble import INEXACT
 from services.settings import RefinerySettings
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``catalog unmapped``."""
     parser = subparsers.add_parser("catalog", help="the metric catalog and its ingest mapping")
     group = parser.add_subparsers(dest="action", metavar="ACTION", parser_class=type(parser))

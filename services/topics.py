@@ -78,7 +78,7 @@ def apply_topics(
 ) -> list[Change]:
     """Make the cluster at ``conf`` (librdkafka options) match ``specs``."""
     from confluent_kafka import KafkaException
-    from confluent_kafka.admin import (  # type: ignore[attr-defined]
+    from confluent_kafka.admin import (
         AlterConfigOpType,
         ConfigEntry,
         ConfigResource,

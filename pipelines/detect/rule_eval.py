@@ -127,7 +127,10 @@ def eval_threshold(
     if t.num_rows == 0:
         return []
     below = rule.below is not None
-    fire = float(rule.below if below else rule.above)  # type: ignore[arg-type]
+    limit = rule.below if rule.below is not None else rule.above
+    if limit is None:  # the rule loader requires exactly one of above and below
+        raise ValueError(f"rule {rule.name}: sets neither above nor below")
+    fire = float(limit)
     resolve = fire if rule.resolve is None else rule.resolve
     sel, classes = _runs(t, classify(column(t, field), fire, resolve, below))
 

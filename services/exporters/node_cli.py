@@ -56,7 +56,7 @@ def _command_group(sub: Any, name: str, help_text: str) -> Any:
     return group
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``export node`` (creating the ``export`` group if no other module has)."""
     group = _command_group(subparsers, "export", "run an exporter on this node")
     p = group.add_parser("node", help="procfs, sysfs (IB/RoCE, net, PCIe, thermal), NVML, chrony")

@@ -105,7 +105,7 @@ def scrape_batch(
     return env, table
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``export scrape`` in the ``export`` group."""
     from services.exporters.node_cli import _command_group
 

@@ -121,7 +121,7 @@ def _targets(rule: dict[str, Any], where: str) -> list[tuple[str, str, str]]:
 def _binding(acl: Acl, exact: bool = False) -> Any:
     """The confluent-kafka AclBinding of ``acl`` (``exact``: an AclBindingFilter matching
     only it, for delete_acls)."""
-    from confluent_kafka.admin import (  # type: ignore[attr-defined]
+    from confluent_kafka.admin import (
         AclBinding,
         AclBindingFilter,
         AclOperation,
@@ -155,7 +155,7 @@ def _of(binding: Any) -> Acl:
 
 def current_acls(admin: Any, timeout: float = 30.0) -> list[Acl]:
     """Every ALLOW ACL the cluster holds (DENY ones are reported by :func:`apply_acls`)."""
-    from confluent_kafka.admin import (  # type: ignore[attr-defined]
+    from confluent_kafka.admin import (
         AclBindingFilter,
         AclOperation,
         AclPermissionType,
