@@ -70,94 +70,48 @@ State is bounded: ``window`` points plus a few step candidates.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
-import math
 import struct
 from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
 
-from pipelines._arrow import Array
 from pipelines.refine._packed import PackedRows
-from pipelines.refine.clock_bounds import DRIFT_PPM, drift_rate, exchanges_of, hard_interval
+from pipelines.refine.clock_bounds import exchanges_of, hard_interval
+from pipelines.refine.clock_hull import (
+    BENDS,
+    SCATTER_EVERY,
+    gap_stats,
+    hull_push,
+    hull_scatter,
+    slope_at,
+    slopes_at,
+    upper_hull,
+)
+from pipelines.refine.clock_model import (
+    UNKNOWN,
+    ClockEstimate,
+    ClockSettings,
+    align,
+    bounded,
+    row_errors,
+)
 from schemas.wire import ClockBlock
 
+# the model and its application live in clock_model; importers may take them from here
+__all__ = [
+    "UNKNOWN",
+    "ClockEstimate",
+    "ClockEstimator",
+    "ClockSettings",
+    "align",
+    "bounded",
+    "row_errors",
+]
 
-@dataclass(frozen=True)
-class ClockSettings:
-    window: int = 256
-    min_fit_points: int = 8
-    min_converged_points: int = 120
-    assumed_min_delay_ns: int = 1_100_000
-    delay_uncertainty_ns: int = 900_000
-    max_drift_ppm: float = 500.0
-    # The largest drift a source's oscillator is taken to have. A fitted slope beyond it is
-    # read as a trend in the delays, not as drift; the error bound then widens (see the
-    # module's docstring).
-    plausible_drift_ppm: float = 200.0
-    step_threshold_ns: int = 10_000_000
-    step_confirm: int = 3
-    # Until min_fit_points points exist (at start and after a step) nothing bounds the delay
-    # of the few points seen: the stated error includes this margin.
-    initial_error_ns: int = 1_000_000_000
-    alert_threshold_ns: int = 1_000_000_000
-
-
-@dataclass(frozen=True)
-class ClockEstimate:
-    """``offset(t) = offset_ns + drift_ppm·1e-6·(t - anchor_ns)`` for ``t`` on the source
-    clock; ``error_ns`` bounds ``|offset(t) - true offset|`` near ``anchor_ns``."""
-
-    offset_ns: int
-    anchor_ns: int
-    drift_ppm: float
-    error_ns: int
-    points: int
-    converged: bool
-    step: bool = False  # a clock step was detected by the last observation
-    disagreement_ns: int | None = None  # source's own report - ours, when beyond the bounds
-    # why error_ns is wider than the delay model alone says (the first that applied):
-    # "delay_trend" (a slope no oscillator has), "bend" (a trend that began in the window),
-    # "step_down" (a step down that may be a delay episode); None: not widened so
-    widened: str | None = None
-    # what the bound rests on: "exchange" (the source's exchanges with the broker: holds by
-    # construction, see pipelines.refine.clock_bounds), "assumed" (the minimum-delay model above),
-    # "create_time" (the record carried no broker append time and the source no exchanges:
-    # the last estimate, not moved by this record)
-    basis: str = "assumed"
-    # how fast the bound grows away from ``anchor_ns`` (per ns of |ts_source - anchor|)
-    error_rate: float = 0.0
-
-    def error_at(self, t_source_ns: int) -> int:
-        """The bound at source time ``t_source_ns``."""
-        return self.error_ns + math.ceil(self.error_rate * abs(t_source_ns - self.anchor_ns))
-
-    def offset_at(self, t_source_ns: int) -> int:
-        return self.offset_ns + round(self.drift_ppm * 1e-6 * (t_source_ns - self.anchor_ns))
-
-    def alert(self, threshold_ns: int = 1_000_000_000) -> bool:
-        """True when the bound proves the source's clock off the common clock by more than
-        the threshold: ``|offset| - error > threshold``. An offset beyond the threshold whose
-        bound reaches back within it is no claim yet (see :meth:`alert_claim`)."""
-        return abs(self.offset_ns) - self.error_ns > threshold_ns
-
-    def alert_claim(self, threshold_ns: int = 1_000_000_000) -> bool | None:
-        """What the bound proves: True, the offset is beyond the threshold (:meth:`alert`);
-        False, within it (``|offset| + error <= threshold``); None, neither (a wide bound:
-        at a source's start, after a step): an alert stays as it was until one is proven."""
-        if self.alert(threshold_ns):
-            return True
-        if abs(self.offset_ns) + self.error_ns <= threshold_ns:
-            return False
-        return None
-
-
-UNKNOWN = ClockEstimate(0, 0, 0.0, 2**62, 0, False)
+_EXCESS_KEPT = 32
 
 
 @dataclass
@@ -173,7 +127,7 @@ class ClockEstimator:
     back_step_ns: int = 0
     back_step_drift: float = 0.0
     # the points' median distance below the hull, and ``since_step`` when it was measured:
-    # measured anew every ``_SCATTER_EVERY`` points (it moves slowly; ~95 k instructions)
+    # measured anew every ``SCATTER_EVERY`` points (it moves slowly; ~95 k instructions)
     scatter: tuple[int, float] | None = None
     last: ClockEstimate = UNKNOWN
     # how far the model's offset may have been beyond its own bound, as the exchanges of the
@@ -261,7 +215,7 @@ class ClockEstimator:
             self.points.append(p)
             self._pack.append(p)
             if self._hull is not None:
-                _hull_push(self._hull, p)
+                hull_push(self._hull, p)
             if self._xsum is not None:
                 self._xsum += x
         while len(self.points) > s.window:
@@ -306,7 +260,7 @@ class ClockEstimator:
         h1 = hull[1]
         left: list[tuple[int, int]] = []
         for p in self.points:
-            _hull_push(left, p)
+            hull_push(left, p)
             if p is h1:
                 self._hull = left + hull[2:]
                 return
@@ -317,7 +271,7 @@ class ClockEstimator:
         if self._unordered is None:
             pairs = itertools.pairwise(self.points)
             self._unordered = sum(p[0] >= q[0] for p, q in pairs)
-        hull = _upper_hull(self.points)
+        hull = upper_hull(self.points)
         if self._unordered == 0:
             self._hull = hull
         return hull
@@ -337,7 +291,7 @@ class ClockEstimator:
             top = max(pts, key=lambda p: p[1])
             return float(top[1]), 0.0, top[0], 0.0
         hull = self._hull_now()
-        b = slope = _slope_at(hull, self._xbar()) or 0.0
+        b = slope = slope_at(hull, self._xbar()) or 0.0
         bmax = s.max_drift_ppm * 1e-6
         b = min(max(b, -bmax), bmax)
         # the line of slope b touching the hull from above
@@ -353,7 +307,7 @@ class ClockEstimator:
             packed = self.packed_points()
             if packed is not None:
                 xy = np.frombuffer(packed, dtype="<i8").reshape(-1, 2)
-        eighth, median, top = _gap_stats(pts, a, b, xa, xy)
+        eighth, median, top = gap_stats(pts, a, b, xa, xy)
         self._fit = (a, b, xa, median)
         error = s.delay_uncertainty_ns + 1.5 * eighth
         span_ns = pts[-1][0] - pts[0][0]
@@ -406,11 +360,11 @@ class ClockEstimator:
     def _bend(self, pts: deque[tuple[int, int]], xy: Any, span_ns: int, top: float) -> float:
         """What a bent hull adds to the error bound: ``largest gap + bend x span`` when the
         hull's slope at a fraction ``1/div`` of the span exceeds its slope at ``1 - 1/div``
-        by more than ``k x scatter / span`` (see :data:`_BENDS`), else 0."""
+        by more than ``k x scatter / span`` (see :data:`BENDS`), else 0."""
         hull = self._hull_now()
-        checks = [c for c in _BENDS if len(pts) >= c[0]]
+        checks = [c for c in BENDS if len(pts) >= c[0]]
         at = sorted(pts[0][0] + m * span_ns // div for _, div, _ in checks for m in (1, div - 1))
-        slope = dict(zip(at, _slopes_at(hull, at), strict=True))
+        slope = dict(zip(at, slopes_at(hull, at), strict=True))
         scatter = None
         for _, div, k in checks:
             left = slope[pts[0][0] + span_ns // div]
@@ -425,8 +379,8 @@ class ClockEstimator:
 
     def _scatter(self, hull: list[tuple[int, int]], pts: deque[tuple[int, int]], xy: Any) -> float:
         kept = self.scatter
-        if kept is None or not 0 <= self.since_step - kept[0] < _SCATTER_EVERY:
-            kept = self.scatter = (self.since_step, _hull_scatter(hull, pts, xy))
+        if kept is None or not 0 <= self.since_step - kept[0] < SCATTER_EVERY:
+            kept = self.scatter = (self.since_step, hull_scatter(hull, pts, xy))
         return kept[1]
 
     def to_dict(self) -> dict[str, Any]:
@@ -483,155 +437,3 @@ class ClockEstimator:
             x = est.points[-1][0]
             est.last = est._estimate(x, False, None)
         return est
-
-
-def _gap_stats(
-    pts: deque[tuple[int, int]], a: float, b: float, xa: int, xy: Any = None
-) -> tuple[float, float, float]:
-    """The points' distances below the line ``a + b·(x - xa)``: (the ``n//8``-th smallest,
-    the ``n//2``-th, the largest). In numpy, with the very floats Python computes
-    ``a + b * (x - xa) - y`` to (int64 → float64 rounds as ``int * float`` does); in Python
-    for a few points (cheaper there) and for coordinates past int64. The points are sorted
-    by x; ``xy``: they as an (n, 2) int64 array, when the caller keeps them so."""
-    n = len(pts)
-    if n < 48 or pts[-1][0] - pts[0][0] >= 1 << 62:
-        xy = None
-    elif xy is None:
-        with contextlib.suppress(OverflowError):
-            xy = np.fromiter(itertools.chain.from_iterable(pts), np.int64, 2 * n).reshape(n, 2)
-    if xy is None:
-        gaps = sorted(a + b * (p[0] - xa) - p[1] for p in pts)
-        return gaps[n // 8], gaps[n // 2], gaps[-1]
-    g = a + b * (xy[:, 0] - xa) - xy[:, 1]
-    part = np.partition(g, [n // 8, n // 2, n - 1])
-    return float(part[n // 8]), float(part[n // 2]), float(part[n - 1])
-
-
-def _hull_scatter(hull: list[tuple[int, int]], pts: deque[tuple[int, int]], xy: Any) -> float:
-    """The median distance of the points below their hull (not below one line: a bent
-    envelope does not inflate it). ``xy``: the points as an (n, 2) int64 array, or None."""
-    n = len(pts)
-    if xy is None:  # few points, or past int64: floats (256 ns apart at today's epoch ns)
-        xy = np.fromiter(itertools.chain.from_iterable(pts), np.float64, 2 * n).reshape(n, 2)
-    x0 = hull[0][0]
-    # x relative to the hull's start, subtracted before any float: exact to the ns
-    hx = np.array([p[0] - x0 for p in hull], dtype=np.float64)
-    hy = np.array([p[1] for p in hull], dtype=np.float64)
-    g = np.interp(xy[:, 0] - x0, hx, hy) - xy[:, 1]
-    return float(np.partition(g, n // 2)[n // 2])
-
-
-# (fewest points, div, k) of the bend checks (see the module's docstring): ``k`` set so
-# that sources of steady drift and Exp(1-5 ms) delays keep their bounds (the p99 over 60 of
-# them, 300 batches each, unchanged)
-_BENDS = ((32, 4, 8.0), (96, 8, 16.0))
-_SCATTER_EVERY = 8
-_EXCESS_KEPT = 32
-
-
-def _slope_at(hull: list[tuple[int, int]], x: float) -> float | None:
-    """The slope of the hull's first edge spanning ``x`` (None when none does)."""
-    return _slopes_at(hull, [x])[0]
-
-
-def _slopes_at(hull: list[tuple[int, int]], xs: list[Any]) -> list[float | None]:
-    """:func:`_slope_at` of each of ``xs`` (in increasing order), in one walk: an edge that
-    ends left of ``x`` (or is vertical) spans no later ``x`` either."""
-    out: list[float | None] = []
-    edges = itertools.pairwise(hull)
-    edge = next(edges, None)
-    for x in xs:
-        while edge is not None and (edge[1][0] < x or edge[1][0] == edge[0][0]):
-            edge = next(edges, None)
-        if edge is None or edge[0][0] > x:
-            out.append(None)
-        else:
-            (px, py), (qx, qy) = edge
-            out.append((qy - py) / (qx - px))
-    return out
-
-
-def _upper_hull(pts: deque[tuple[int, int]]) -> list[tuple[int, int]]:
-    """Upper convex hull (left to right) of points sorted by x; exact integer arithmetic."""
-    hull: list[tuple[int, int]] = []
-    for p in pts:
-        _hull_push(hull, p)
-    return hull
-
-
-def _hull_push(hull: list[tuple[int, int]], p: tuple[int, int]) -> None:
-    """One step of the monotone chain: ``p`` (at or right of the hull's last x) joins it."""
-    while len(hull) >= 2:
-        o, a = hull[-2], hull[-1]
-        if (a[0] - o[0]) * (p[1] - o[1]) - (a[1] - o[1]) * (p[0] - o[0]) >= 0:
-            hull.pop()
-        else:
-            break
-    hull.append(p)
-
-
-def bounded(
-    est: ClockEstimate, x: int, clock: ClockBlock | None, drift_ppm: float = DRIFT_PPM
-) -> ClockEstimate:
-    """``est`` held to the hard interval ``[lo, hi]`` the clock block's exchanges give at
-    source time ``x`` (:func:`pipelines.refine.clock_bounds.hard_interval`).
-
-    The offset is the interval's middle, or, where the model's own interval ``offset ±
-    error`` is narrower and meets it, the middle of the two's intersection: the model
-    tightens the point, never the bound. The bound is the offset's distance to the hard
-    interval's farther end, growing by ``|drift| + drift_ppm`` per ns away from ``x``.
-    ``est`` as it is without exchanges."""
-    if clock is None or not clock.exchanges:
-        return est
-    hard = hard_interval(exchanges_of(clock.exchanges), x, drift_ppm)
-    if hard is None:
-        return est
-    lo, hi, _ = hard
-    a, b = lo, hi
-    if est is not UNKNOWN and 2 * est.error_ns < hi - lo:
-        m = est.offset_at(x)
-        a2, b2 = max(lo, m - est.error_ns), min(hi, m + est.error_ns)
-        if a2 <= b2:
-            a, b = a2, b2
-    offset = (a + b) // 2
-    drift = min(max(est.drift_ppm, -drift_ppm), drift_ppm)
-    return replace(
-        est,
-        offset_ns=offset,
-        anchor_ns=x,
-        drift_ppm=drift,
-        # +1: the offset applied to a row is rounded to the ns
-        error_ns=max(offset - lo, hi - offset) + 1,
-        widened=None,
-        basis="exchange",
-        error_rate=abs(drift) * 1e-6 + drift_rate(drift_ppm),
-    )
-
-
-def align(ts_source: Array, estimate: ClockEstimate) -> tuple[Array, Array, int]:
-    """Aligned timestamps for one batch: ``ts = ts_source - offset(ts_source)``, vectorized.
-
-    Returns ``(ts, offset per row, error bound)``; int64 arrays of the input's length.
-    """
-    ts = pc.cast(ts_source, pa.int64())
-    if estimate.drift_ppm == 0.0:
-        off = pa.repeat(pa.scalar(estimate.offset_ns, pa.int64()), len(ts))
-    else:
-        dt = pc.cast(pc.subtract(ts, estimate.anchor_ns), pa.float64())
-        corr = pc.round(pc.multiply(dt, estimate.drift_ppm * 1e-6))
-        off = pc.add(pc.cast(corr, pa.int64()), estimate.offset_ns)
-    return pc.subtract(ts, off), off, estimate.error_ns
-
-
-def row_errors(ts_source: Array, anchor: Array, error: Array, rate: Array) -> Array:
-    """Each row's bound: ``error + ceil(rate x |ts_source - anchor|)`` (int64), the per-row
-    values of one or more estimates (:meth:`ClockEstimate.error_at`, vectorized; in numpy,
-    ~10x cheaper than the same in Arrow kernels)."""
-    d = np.abs(_np(ts_source) - _np(anchor)).astype(np.float64)
-    d *= _np(rate)
-    np.ceil(d, out=d)
-    return pa.array(_np(error) + d.astype(np.int64))
-
-
-def _np(a: Any) -> Any:
-    return a.to_numpy() if isinstance(a, pa.ChunkedArray) else a.to_numpy(zero_copy_only=False)

@@ -11,7 +11,8 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipelines.refine.clock import ClockEstimate, ClockEstimator, ClockSettings, _slopes_at, align
+from pipelines.refine.clock import ClockEstimate, ClockEstimator, ClockSettings, align
+from pipelines.refine.clock_hull import slopes_at
 from schemas.wire import ClockBlock, SyncState
 
 T0 = 1_700_000_000_000_000_000
@@ -262,14 +263,14 @@ def test_property_the_kept_hull_and_x_sum_are_those_of_the_points(
     # small integer coordinates: equal x, collinear points, points out of order and steps
     # (restarts) all happen; after every observation the hull kept up to date as points come
     # and go must be the one built from the points, and so must the x sum
-    from pipelines.refine.clock import _upper_hull
+    from pipelines.refine.clock_hull import upper_hull
 
     est = ClockEstimator(ClockSettings(window=window, min_fit_points=3, step_threshold_ns=8))
     x = T0
     for dx, y in moves:
         x += dx
         est.observe(x, x - y)
-        assert est._hull_now() == _upper_hull(est.points)
+        assert est._hull_now() == upper_hull(est.points)
         hull = est._hull_now()
         xs = sorted({p[0] + d for p in est.points for d in (-1, 0, 1)})
         spans = [
@@ -277,7 +278,7 @@ def test_property_the_kept_hull_and_x_sum_are_those_of_the_points(
                   if p[0] <= x <= q[0] and q[0] > p[0]), None)
             for x in xs
         ]  # fmt: skip
-        assert _slopes_at(hull, xs) == spans
+        assert slopes_at(hull, xs) == spans
         assert est._xbar() == sum(p[0] for p in est.points) / len(est.points)
 
 
@@ -295,14 +296,14 @@ def test_property_gap_statistics_are_those_of_the_sorted_python_floats(
     # the same order statistics as sorting Python's own, at any magnitude
     from collections import deque
 
-    from pipelines.refine.clock import _gap_stats
+    from pipelines.refine.clock_hull import gap_stats
 
     rng = random.Random(seed)
     xs = sorted(T0 + rng.randint(-spread, spread) for _ in range(n))
     pts = deque((x, rng.randint(-3600 * S, 3600 * S)) for x in xs)
     a, b, xa = float(rng.randint(-S, S)), b_ppm * 1e-6, xs[0]
     gaps = sorted(a + b * (p[0] - xa) - p[1] for p in pts)
-    assert _gap_stats(pts, a, b, xa) == (gaps[n // 8], gaps[n // 2], gaps[-1])
+    assert gap_stats(pts, a, b, xa) == (gaps[n // 8], gaps[n // 2], gaps[-1])
 
 
 class LoadedSource(Source):

@@ -1,0 +1,96 @@
+"""The upper convex hull of a clock's (x = sent, y = sent - arrival) points and the
+statistics read off it: slopes at given x, the points' distances below a line or below the
+hull (see :mod:`pipelines.refine.clock` for the method)."""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+from collections import deque
+from typing import Any
+
+import numpy as np
+
+
+def gap_stats(
+    pts: deque[tuple[int, int]], a: float, b: float, xa: int, xy: Any = None
+) -> tuple[float, float, float]:
+    """The points' distances below the line ``a + b·(x - xa)``: (the ``n//8``-th smallest,
+    the ``n//2``-th, the largest). In numpy, with the very floats Python computes
+    ``a + b * (x - xa) - y`` to (int64 → float64 rounds as ``int * float`` does); in Python
+    for a few points (cheaper there) and for coordinates past int64. The points are sorted
+    by x; ``xy``: they as an (n, 2) int64 array, when the caller keeps them so."""
+    n = len(pts)
+    if n < 48 or pts[-1][0] - pts[0][0] >= 1 << 62:
+        xy = None
+    elif xy is None:
+        with contextlib.suppress(OverflowError):
+            xy = np.fromiter(itertools.chain.from_iterable(pts), np.int64, 2 * n).reshape(n, 2)
+    if xy is None:
+        gaps = sorted(a + b * (p[0] - xa) - p[1] for p in pts)
+        return gaps[n // 8], gaps[n // 2], gaps[-1]
+    g = a + b * (xy[:, 0] - xa) - xy[:, 1]
+    part = np.partition(g, [n // 8, n // 2, n - 1])
+    return float(part[n // 8]), float(part[n // 2]), float(part[n - 1])
+
+
+def hull_scatter(hull: list[tuple[int, int]], pts: deque[tuple[int, int]], xy: Any) -> float:
+    """The median distance of the points below their hull (not below one line: a bent
+    envelope does not inflate it). ``xy``: the points as an (n, 2) int64 array, or None."""
+    n = len(pts)
+    if xy is None:  # few points, or past int64: floats (256 ns apart at today's epoch ns)
+        xy = np.fromiter(itertools.chain.from_iterable(pts), np.float64, 2 * n).reshape(n, 2)
+    x0 = hull[0][0]
+    # x relative to the hull's start, subtracted before any float: exact to the ns
+    hx = np.array([p[0] - x0 for p in hull], dtype=np.float64)
+    hy = np.array([p[1] for p in hull], dtype=np.float64)
+    g = np.interp(xy[:, 0] - x0, hx, hy) - xy[:, 1]
+    return float(np.partition(g, n // 2)[n // 2])
+
+
+# (fewest points, div, k) of the bend checks (see pipelines.refine.clock): ``k`` set so
+# that sources of steady drift and Exp(1-5 ms) delays keep their bounds (the p99 over 60 of
+# them, 300 batches each, unchanged)
+BENDS = ((32, 4, 8.0), (96, 8, 16.0))
+SCATTER_EVERY = 8
+
+
+def slope_at(hull: list[tuple[int, int]], x: float) -> float | None:
+    """The slope of the hull's first edge spanning ``x`` (None when none does)."""
+    return slopes_at(hull, [x])[0]
+
+
+def slopes_at(hull: list[tuple[int, int]], xs: list[Any]) -> list[float | None]:
+    """:func:`slope_at` of each of ``xs`` (in increasing order), in one walk: an edge that
+    ends left of ``x`` (or is vertical) spans no later ``x`` either."""
+    out: list[float | None] = []
+    edges = itertools.pairwise(hull)
+    edge = next(edges, None)
+    for x in xs:
+        while edge is not None and (edge[1][0] < x or edge[1][0] == edge[0][0]):
+            edge = next(edges, None)
+        if edge is None or edge[0][0] > x:
+            out.append(None)
+        else:
+            (px, py), (qx, qy) = edge
+            out.append((qy - py) / (qx - px))
+    return out
+
+
+def upper_hull(pts: deque[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Upper convex hull (left to right) of points sorted by x; exact integer arithmetic."""
+    hull: list[tuple[int, int]] = []
+    for p in pts:
+        hull_push(hull, p)
+    return hull
+
+
+def hull_push(hull: list[tuple[int, int]], p: tuple[int, int]) -> None:
+    """One step of the monotone chain: ``p`` (at or right of the hull's last x) joins it."""
+    while len(hull) >= 2:
+        o, a = hull[-2], hull[-1]
+        if (a[0] - o[0]) * (p[1] - o[1]) - (a[1] - o[1]) * (p[0] - o[0]) >= 0:
+            hull.pop()
+        else:
+            break
+    hull.append(p)
