@@ -26,9 +26,9 @@ from pipelines.refine.counters import (
     CounterLayout,
     CounterPart,
     CounterState,
-    StateDecoder,
     derive_rates_group,
 )
+from pipelines.refine.decode import StateDecoder
 from pipelines.refine.dedupe import (
     OverlapState,
     Position,

@@ -13,10 +13,10 @@ from pipelines.refine.counters import (
     CounterColumns,
     CounterPart,
     CounterState,
-    StateDecoder,
     derive_rates,
     derive_rates_group,
 )
+from pipelines.refine.decode import StateDecoder
 from pipelines.refine.validate import validate_samples
 from schemas.catalog import Catalog, Kind, Metric, Origin, Overflow
 from schemas.wire import SAMPLES_SCHEMA
