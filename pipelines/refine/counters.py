@@ -47,7 +47,7 @@ from pipelines._arrow import Array, any_true, column, take, true_mask
 from pipelines.refine.counter_order import SID, front_by_keys, front_from_layouts, remember
 from pipelines.refine.counter_rules import Derived, derive_sorted
 from pipelines.refine.counter_state import STATE_SCHEMA, CounterLayout, CounterPart, CounterState
-from pipelines.refine.validate import COUNTER
+from pipelines.refine.validate_layout import COUNTER
 from schemas.reasons import NullReason
 
 # the state and layout types live in counter_state; importers may take them from here

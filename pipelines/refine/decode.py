@@ -6,7 +6,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipelines._arrow import Array, any_true, column, where
-from pipelines.refine.validate import BITMASK, ENUM, lookup
+from pipelines.refine.validate_layout import BITMASK, ENUM, lookup
 from schemas.catalog import Catalog, Kind, Metric
 
 

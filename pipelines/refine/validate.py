@@ -36,33 +36,47 @@ Example::
 
 from __future__ import annotations
 
-import copy
-import hashlib
-import itertools
-import weakref
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipelines._arrow import Array, any_true, column, take, true_mask, where
-from schemas.catalog import Catalog, Kind, Metric, Overflow
+from pipelines._arrow import Array, any_true, column, true_mask, where
+from pipelines.refine.validate_layout import (
+    BITMASK,
+    COUNTER,
+    DAY_NS,
+    ENUM,
+    KIND_CODES,
+    LayoutCache,
+    SharedLayouts,
+    ValidateLimits,
+    joined_layout,
+    layout,
+    lookup,
+)
+from schemas.catalog import Catalog, Metric
 from schemas.reasons import NullReason, Reason
 
-DAY_NS = 86_400 * 1_000_000_000
-
-KIND_CODES: dict[Kind, int] = {
-    Kind.GAUGE: 0,
-    Kind.COUNTER: 1,
-    Kind.BITMASK: 2,
-    Kind.ENUM: 3,
-    Kind.EVENT: 4,
-}
-COUNTER = KIND_CODES[Kind.COUNTER]
-BITMASK = KIND_CODES[Kind.BITMASK]
-ENUM = KIND_CODES[Kind.ENUM]
+# the layouts, limits and kind codes live in validate_layout; importers may take them here
+__all__ = [
+    "ACCEPTED_SCHEMA",
+    "BITMASK",
+    "COUNTER",
+    "DAY_NS",
+    "ENUM",
+    "KIND_CODES",
+    "REASON_ORDER",
+    "LayoutCache",
+    "RejectedRows",
+    "SharedLayouts",
+    "ValidateLimits",
+    "Validated",
+    "lookup",
+    "reject_detail",
+    "validate_samples",
+]
 
 # Reasons in priority order; the index is the code used internally.
 REASON_ORDER: tuple[Reason, ...] = (
@@ -94,15 +108,6 @@ ACCEPTED_SCHEMA = pa.schema(
 
 
 @dataclass(frozen=True)
-class ValidateLimits:
-    """Bounds for sample checks. Times are ns; the window is relative to ``now_ns``."""
-
-    past_ns: int = 7 * DAY_NS
-    future_ns: int = 1 * DAY_NS
-    max_device_len: int = 128
-
-
-@dataclass(frozen=True)
 class RejectedRows:
     """Rows of the input batch rejected for one reason."""
 
@@ -126,57 +131,6 @@ class Validated:
     @property
     def quarantined(self) -> int:
         return sum(r.count for r in self.rejected)
-
-
-class _CatalogMemo:
-    """Per-catalog memo of name/alias → metric (a catalog is immutable once loaded)."""
-
-    def __init__(self, catalog: Catalog) -> None:
-        self._catalog = catalog
-        self._by_name: dict[str, Metric | None] = {}
-
-    def get(self, name: str) -> Metric | None:
-        try:
-            return self._by_name[name]
-        except KeyError:
-            m: Metric | None = None
-            if name in self._catalog:
-                m = self._catalog[name]
-            if len(self._by_name) < 100_000:  # hostile input must not grow it without bound
-                self._by_name[name] = m
-            return m
-
-
-_MEMOS: weakref.WeakKeyDictionary[Catalog, _CatalogMemo] = weakref.WeakKeyDictionary()
-
-
-def lookup(catalog: Catalog, name: str) -> Metric | None:
-    """The catalog entry for a name or alias, or None (memoized per catalog)."""
-    memo = _MEMOS.get(catalog)
-    if memo is None:
-        memo = _MEMOS[catalog] = _CatalogMemo(catalog)
-    return memo.get(name)
-
-
-def _per_metric(metrics: list[Metric | None], idx: Array) -> dict[str, Array]:
-    """Catalog attributes per distinct metric, broadcast to rows with one ``take`` each (the
-    canonical name is the caller's: see :func:`_layout`)."""
-
-    def bcast(values: list[Any], typ: pa.DataType) -> Array:
-        return take(pa.array(values, typ), idx)  # idx: codes of the metrics' dictionary
-
-    return {
-        "known": bcast([m is not None for m in metrics], pa.bool_()),
-        "unit": bcast([m.unit if m else None for m in metrics], pa.string()),
-        "kind": bcast([KIND_CODES[m.kind] if m else None for m in metrics], pa.int8()),
-        "scale": bcast([m.scale if m else None for m in metrics], pa.float64()),
-        "vmin": bcast([m.valid_min if m else None for m in metrics], pa.float64()),
-        "vmax": bcast([m.valid_max if m else None for m in metrics], pa.float64()),
-        "max_raw": bcast([m.max_raw if m else None for m in metrics], pa.uint64()),
-        "saturate": bcast(
-            [bool(m and m.overflow is Overflow.SATURATE) for m in metrics], pa.bool_()
-        ),
-    }
 
 
 def _sentinel_mask(
@@ -221,163 +175,6 @@ def _sentinel_mask(
     return pa.array(out)
 
 
-@dataclass
-class LayoutCache:
-    """What validation derives from a batch's metric/device columns alone (one per source)."""
-
-    metric: Array = None
-    device: Array = None
-    catalog: Catalog | None = None
-    limits: ValidateLimits | None = None
-    idx: Array = None
-    metrics: list[Metric | None] = field(default_factory=list)
-    attr: dict[str, Array] = field(default_factory=dict)
-    is_counter: Array = None
-    unknown: Array = None
-    bad_device: Array = None
-    row_index: Array = None
-    # which metric/device columns it was derived from: a number no other fill of any cache
-    # had, so two batches that found the same ``gen`` have equal columns without comparing
-    # them again (the counter layouts, :class:`pipelines.refine.counters.CounterLayout`, use it)
-    gen: int = 0
-
-
-_GENS = itertools.count(1)
-
-
-class SharedLayouts:
-    """Layouts found for one source, offered to the others (a cache, not state): the sources
-    of a cluster's nodes mostly send the same series in the same order (the same exporter on
-    the same hardware), so a source seen for the first time, after a start or a rebalance,
-    takes the layout of another instead of deriving its own. Found by a digest of the metric
-    and device columns, confirmed by comparing them; at most ``size`` layouts, the oldest
-    dropped first."""
-
-    def __init__(self, size: int = 256) -> None:
-        self._items: dict[tuple[int, bytes], LayoutCache] = {}
-        self._size = size
-        self.hits = 0
-
-    @staticmethod
-    def key(metric: Array, device: Array) -> tuple[int, bytes]:
-        """A digest of two unsliced arrays' buffers (padding bytes may make equal columns
-        differ here: a miss, never a wrong layout, since a hit is compared)."""
-        h = hashlib.blake2b(digest_size=16)
-        for arr in (metric, device):
-            for buf in arr.buffers():
-                h.update(b"-" if buf is None else buf)
-        return len(metric), h.digest()
-
-    def find(
-        self, key: tuple[int, bytes], metric: Array, device: Array, catalog: Catalog,
-        limits: ValidateLimits,
-    ) -> LayoutCache | None:  # fmt: skip
-        lay = self._items.get(key)
-        if (
-            lay is None
-            or lay.catalog is not catalog
-            or lay.limits != limits
-            or not lay.metric.equals(metric)
-            or not lay.device.equals(device)
-        ):
-            return None
-        self.hits += 1
-        return lay
-
-    def put(self, key: tuple[int, bytes], lay: LayoutCache) -> None:
-        if len(self._items) >= self._size:
-            del self._items[next(iter(self._items))]
-        self._items[key] = lay
-
-
-def _layout(
-    metric: Array,
-    device: Array,
-    catalog: Catalog,
-    limits: ValidateLimits,
-    cache: LayoutCache | None,
-    shared: SharedLayouts | None = None,
-) -> LayoutCache:
-    if (
-        cache is not None
-        and cache.catalog is catalog
-        and cache.limits == limits
-        and cache.metric is not None
-        and cache.metric.equals(metric)
-        and cache.device.equals(device)
-    ):
-        return cache
-    lay = cache if cache is not None else LayoutCache()
-    key = None
-    if cache is not None:  # kept: a copy, not a view that would keep a whole wave alive
-        metric, device = pa.concat_arrays([metric]), pa.concat_arrays([device])
-        if shared is not None:
-            key = shared.key(metric, device)
-            found = shared.find(key, metric, device, catalog, limits)
-            if found is not None:  # its arrays are never changed: the fields are shared
-                lay.__dict__.update(found.__dict__)
-                lay.gen = next(_GENS)
-                return lay
-    enc = metric.dictionary_encode()
-    lay.metric, lay.device, lay.catalog, lay.limits = metric, device, catalog, limits
-    lay.gen = next(_GENS)
-    lay.idx = enc.indices
-    names = enc.dictionary.to_pylist()
-    lay.metrics = [lookup(catalog, s) for s in names]
-    lay.attr = _per_metric(lay.metrics, lay.idx)
-    if all(m is None or m.name == s for m, s in zip(lay.metrics, names, strict=True)):
-        # no alias: the canonical names are the column itself (a row of an unknown metric
-        # keeps its name here, and is rejected)
-        lay.attr["metric"] = metric
-    else:
-        canonical = pa.array([m.name if m else None for m in lay.metrics], pa.string())
-        lay.attr["metric"] = take(canonical, lay.idx)
-    lay.is_counter = true_mask(pc.equal(lay.attr["kind"], COUNTER))
-    lay.unknown = pc.invert(lay.attr["known"])
-    # characters never outnumber bytes: only a device of more bytes than the limit needs
-    # its characters counted
-    dev_len = pc.binary_length(device)
-    if any_true(pc.greater(dev_len, limits.max_device_len)):
-        dev_len = pc.utf8_length(device)
-    lay.bad_device = pc.or_(pc.equal(dev_len, 0), pc.greater(dev_len, limits.max_device_len))
-    lay.row_index = pa.array(np.arange(len(metric), dtype=np.int64))
-    if key is not None and shared is not None:
-        shared.put(key, copy.copy(lay))
-    return lay
-
-
-def _joined_layout(
-    metric: Array,
-    device: Array,
-    catalog: Catalog,
-    limits: ValidateLimits,
-    parts: list[tuple[int, LayoutCache]],
-    shared: SharedLayouts | None = None,
-) -> LayoutCache:
-    """The layout of a table of several batches from the layouts of each (``parts``: row
-    count and cache, in table order), each found in or put into its own cache."""
-    lays = []
-    at = 0
-    for rows, cache in parts:
-        m, d = metric.slice(at, rows), device.slice(at, rows)
-        lays.append(_layout(m, d, catalog, limits, cache, shared))
-        at += rows
-    if len(lays) == 1:
-        return lays[0]
-    out = LayoutCache(catalog=catalog, limits=limits)
-    base = np.cumsum([0] + [len(x.metrics) for x in lays[:-1]])
-    out.metrics = [m for x in lays for m in x.metrics]
-    out.idx = pa.array(
-        np.concatenate([x.idx.to_numpy() + int(b) for x, b in zip(lays, base, strict=True)])
-    )
-    out.attr = {k: pa.concat_arrays([x.attr[k] for x in lays]) for k in lays[0].attr}
-    out.is_counter = pa.concat_arrays([x.is_counter for x in lays])
-    out.unknown = pa.concat_arrays([x.unknown for x in lays])
-    out.bad_device = pa.concat_arrays([x.bad_device for x in lays])
-    out.row_index = pa.array(np.arange(at, dtype=np.int64))
-    return out
-
-
 def validate_samples(
     table: pa.Table,
     catalog: Catalog,
@@ -404,66 +201,21 @@ def validate_samples(
     metric_col = column(table, "metric")
     device = column(table, "device")
     if parts is not None:
-        lay = _joined_layout(metric_col, device, catalog, limits, parts, shared)
+        lay = joined_layout(metric_col, device, catalog, limits, parts, shared)
     else:
-        lay = _layout(metric_col, device, catalog, limits, None)
-    idx, metrics, attr = lay.idx, lay.metrics, lay.attr
+        lay = layout(metric_col, device, catalog, limits, None)
 
     ts = column(table, "ts_ns")
     value = _optional(table, "value", pa.float64())
     raw = _optional(table, "raw", pa.uint64())
     text = _optional(table, "text", pa.string())
-    kind = attr["kind"]
-    is_counter = lay.is_counter
     raw_f = pc.cast(raw, pa.float64(), safe=False)
-    reading = pc.if_else(is_counter, pc.coalesce(raw_f, value), pc.coalesce(value, raw_f))
-
-    sentinel = _sentinel_mask(metrics, idx, reading, text)
-    not_sentinel = pc.invert(true_mask(sentinel)) if sentinel is not None else None
-
-    checks: list[Array] = [
-        lay.unknown,
-        lay.bad_device,
-        pc.or_(pc.less(ts, now_ns - limits.past_ns), pc.greater(ts, now_ns + limits.future_ns)),
-    ]
-    no_reading = pc.is_null(reading)
-    negative = pc.less(pc.coalesce(value, 0.0), 0.0)
-    wrong = pc.or_(pc.and_(is_counter, pc.or_(pc.is_null(raw), negative)), no_reading)
-    if not_sentinel is not None:
-        wrong = pc.and_(pc.or_(pc.and_(is_counter, negative), wrong), not_sentinel)
-    checks.append(wrong)
-    non_finite = pc.invert(pc.fill_null(pc.is_finite(reading), True))
-    checks.append(non_finite)
-    scaled = pc.multiply(reading, attr["scale"])
-    out_of_range = pc.or_(
-        pc.or_(
-            true_mask(pc.less(scaled, attr["vmin"])), true_mask(pc.greater(scaled, attr["vmax"]))
-        ),
-        true_mask(pc.greater(raw, attr["max_raw"])),
-    )
-    if not_sentinel is not None:
-        out_of_range = pc.and_(out_of_range, not_sentinel)
-    checks.append(out_of_range)
-
-    checks = [true_mask(c) for c in checks]
-    any_bad = checks[0]
-    for c in checks[1:]:
-        any_bad = pc.or_(any_bad, c)
-    rejected: list[RejectedRows] = []
-    nbad = pc.sum(any_bad).as_py() or 0
-    if nbad:
-        code = pa.nulls(n, pa.int8())
-        for c in range(len(checks) - 1, -1, -1):  # lowest priority first: the first one wins
-            code = pc.if_else(checks[c], pa.scalar(c, pa.int8()), code)
-        present = pc.unique(pc.drop_null(code)).to_pylist()
-        for c in sorted(present):
-            rows = where(pc.equal(code, c))
-            reason = REASON_ORDER[c]
-            rejected.append(
-                RejectedRows(
-                    reason, reject_detail(reason, table, rows, limits, now_ns), rows.to_pylist()
-                )
-            )
+    reading = pc.if_else(lay.is_counter, pc.coalesce(raw_f, value), pc.coalesce(value, raw_f))
+    sentinel = _sentinel_mask(lay.metrics, lay.idx, reading, text)
+    scaled = pc.multiply(reading, lay.attr["scale"])
+    window = pc.or_(pc.less(ts, now_ns - limits.past_ns), pc.greater(ts, now_ns + limits.future_ns))
+    checks = _checks(lay, window, value, raw, reading, scaled, sentinel)
+    any_bad, rejected = _rejected(table, checks, limits, now_ns)
     value_out = (
         pc.if_else(true_mask(sentinel), pa.scalar(None, pa.float64()), scaled)
         if sentinel is not None
@@ -474,6 +226,7 @@ def validate_samples(
         if sentinel is not None
         else pa.nulls(n, pa.string())
     )
+    attr = lay.attr
     acc = pa.Table.from_arrays(
         [
             lay.row_index,
@@ -485,16 +238,74 @@ def validate_samples(
             text,
             null_reason,
             attr["unit"],
-            kind,
+            attr["kind"],
             attr["scale"],
             attr["max_raw"],
             attr["saturate"],
         ],
         schema=ACCEPTED_SCHEMA,
     )
-    if nbad:
+    if rejected:
         acc = acc.filter(pc.invert(any_bad))
     return Validated(acc, rejected)
+
+
+def _checks(
+    lay: LayoutCache,
+    window: Array,
+    value: Array,
+    raw: Array,
+    reading: Array,
+    scaled: Array,
+    sentinel: Array | None,
+) -> list[Array]:
+    """One mask per reason of :data:`REASON_ORDER`, in that order (``window``: rows whose
+    ``ts_ns`` is outside the time window; a sentinel row is neither of the wrong kind nor out
+    of range)."""
+    is_counter, attr = lay.is_counter, lay.attr
+    not_sentinel = pc.invert(true_mask(sentinel)) if sentinel is not None else None
+    no_reading = pc.is_null(reading)
+    negative = pc.less(pc.coalesce(value, 0.0), 0.0)
+    wrong = pc.or_(pc.and_(is_counter, pc.or_(pc.is_null(raw), negative)), no_reading)
+    if not_sentinel is not None:
+        wrong = pc.and_(pc.or_(pc.and_(is_counter, negative), wrong), not_sentinel)
+    non_finite = pc.invert(pc.fill_null(pc.is_finite(reading), True))
+    out_of_range = pc.or_(
+        pc.or_(
+            true_mask(pc.less(scaled, attr["vmin"])), true_mask(pc.greater(scaled, attr["vmax"]))
+        ),
+        true_mask(pc.greater(raw, attr["max_raw"])),
+    )
+    if not_sentinel is not None:
+        out_of_range = pc.and_(out_of_range, not_sentinel)
+    checks = [lay.unknown, lay.bad_device, window, wrong, non_finite, out_of_range]
+    return [true_mask(c) for c in checks]
+
+
+def _rejected(
+    table: pa.Table, checks: list[Array], limits: ValidateLimits, now_ns: int
+) -> tuple[Array, list[RejectedRows]]:
+    """Which rows fail any check, and the rejected groups: each row under the first reason
+    it fails."""
+    any_bad = checks[0]
+    for c in checks[1:]:
+        any_bad = pc.or_(any_bad, c)
+    rejected: list[RejectedRows] = []
+    nbad = pc.sum(any_bad).as_py() or 0
+    if nbad:
+        code = pa.nulls(table.num_rows, pa.int8())
+        for c in range(len(checks) - 1, -1, -1):  # lowest priority first: the first one wins
+            code = pc.if_else(checks[c], pa.scalar(c, pa.int8()), code)
+        present = pc.unique(pc.drop_null(code)).to_pylist()
+        for c in sorted(present):
+            rows = where(pc.equal(code, c))
+            reason = REASON_ORDER[c]
+            rejected.append(
+                RejectedRows(
+                    reason, reject_detail(reason, table, rows, limits, now_ns), rows.to_pylist()
+                )
+            )
+    return any_bad, rejected
 
 
 def _optional(table: pa.Table, name: str, typ: pa.DataType) -> Array:
