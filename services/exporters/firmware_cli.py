@@ -149,7 +149,8 @@ def _sources(args: argparse.Namespace) -> list[Any]:
     for iface in args.ethtool or []:
         sources.append(EthtoolSource(iface, catalog))
     if args.redfish:
-        from services.exporters.redfish import RedfishClient, RedfishSource
+        from services.exporters.redfish import RedfishSource
+        from services.exporters.redfish_client import RedfishClient
 
         password = None
         if args.redfish_password_file:

@@ -26,7 +26,8 @@ from services.exporters.kmsg import (
     parse_dmesg,
     parse_kmsg,
 )
-from services.exporters.redfish import RedfishClient, RedfishError, RedfishSource
+from services.exporters.redfish import RedfishSource
+from services.exporters.redfish_client import RedfishClient, RedfishError
 from services.settings import RefinerySettings
 
 REAL = Path("tests/fixtures/real-data")
