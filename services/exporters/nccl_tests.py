@@ -113,6 +113,80 @@ class NcclTestsResult:
     skipped_lines: list[str] = field(default_factory=list)
 
 
+@dataclass
+class _Log:
+    """What has been read of one log so far: its comment lines' facts and its rows."""
+
+    start_ns: int
+    ranks: dict[int, int] = field(default_factory=dict)
+    prefix: list[str] = field(default_factory=list)  # the header's columns before the times
+    n_perf: int = 0
+    perf_idx: dict[str, int] = field(default_factory=dict)
+    avg: float | None = None
+    oob: int | None = None
+    concluded: str | None = None
+    skipped: list[str] = field(default_factory=list)
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    seq: int = 0  # the next size row's op_seq
+    t: int = field(init=False)  # the next row's ts_ns
+
+    def __post_init__(self) -> None:
+        self.t = self.start_ns
+
+    def comment(self, line: str) -> None:
+        """A ``#`` line: a rank, the average bus bandwidth, the test's name, the
+        out-of-bounds count, or the column header."""
+        if m := _RANK_RE.match(line):
+            self.ranks[int(m.group(1))] = int(m.group(2))
+        elif m := _AVG_RE.match(line):
+            self.avg = _num(m.group(1))
+        elif m := _CONCLUDED_RE.match(line):
+            self.concluded = m.group(1)
+        elif "Out of bounds values" in line:
+            found = re.search(r":\s*(\d+)", line)
+            self.oob = int(found.group(1)) if found else None
+        else:
+            names = line[1:].split()
+            if names[:3] == ["size", "count", "type"] and "busbw" in names:
+                first = names.index("time")
+                self.prefix = names[:first]
+                group = names[first:]
+                self.n_perf = len(group)
+                half = group[: self.n_perf // 2]
+                self.perf_idx = {name: half.index(name) for name in _PERF if name in half}
+
+    def data(self, raw: str, toks: list[str]) -> None:
+        """A size row: one row per placement (a malformed one is skipped)."""
+        if not self.prefix or len(toks) < 3 + self.n_perf or not toks[0].isdigit():
+            self.skipped.append(raw)
+            return
+        try:
+            size, _count, dtype = int(toks[0]), int(toks[1]), toks[2]
+            perf = toks[-self.n_perf :]
+            half_n = self.n_perf // 2
+            for p, placement in enumerate(_PLACEMENTS):
+                vals = perf[p * half_n : (p + 1) * half_n]
+                time_us = _num(vals[self.perf_idx["time"]])
+                dur = None if time_us is None else round(time_us * 1000)
+                self.rows.append(
+                    {
+                        "ts_ns": self.t,
+                        "end_ns": None if dur is None else self.t + dur,
+                        "comm": f"nccl-tests/{placement}",
+                        "op_seq": self.seq,
+                        "bytes": size,
+                        "dtype": dtype,
+                        "algbw_gbps": _num(vals[self.perf_idx["algbw"]]),
+                        "busbw_gbps": _num(vals[self.perf_idx["busbw"]]),
+                    }
+                )
+                self.t += dur or 0
+        except (ValueError, KeyError, IndexError):
+            self.skipped.append(raw)
+            return
+        self.seq += 1
+
+
 def parse_nccl_tests(
     text: str,
     *,
@@ -122,88 +196,38 @@ def parse_nccl_tests(
     source_name: str = "",
 ) -> NcclTestsResult:
     """Parse one nccl-tests stdout. Raises ConfigError when no header or op can be found."""
-    ranks: dict[int, int] = {}
-    prefix: list[str] = []
-    n_perf = 0
-    perf_idx: dict[str, int] = {}
-    avg: float | None = None
-    oob: int | None = None
-    concluded: str | None = None
-    skipped: list[str] = []
-    rows: list[dict[str, Any]] = []
-    t = start_ns
-    seq = 0
+    log = _Log(start_ns)
     for raw in text.splitlines():
         line = raw.strip()
         if not line:
             continue
         if line.startswith("#"):
-            if m := _RANK_RE.match(line):
-                ranks[int(m.group(1))] = int(m.group(2))
-            elif m := _AVG_RE.match(line):
-                avg = _num(m.group(1))
-            elif m := _CONCLUDED_RE.match(line):
-                concluded = m.group(1)
-            elif "Out of bounds values" in line:
-                found = re.search(r":\s*(\d+)", line)
-                oob = int(found.group(1)) if found else None
-            else:
-                names = line[1:].split()
-                if names[:3] == ["size", "count", "type"] and "busbw" in names:
-                    first = names.index("time")
-                    prefix = names[:first]
-                    group = names[first:]
-                    n_perf = len(group)
-                    half = group[: n_perf // 2]
-                    perf_idx = {name: half.index(name) for name in _PERF if name in half}
-            continue
-        toks = line.split()
-        if not prefix or len(toks) < 3 + n_perf or not toks[0].isdigit():
-            skipped.append(raw)
-            continue
-        try:
-            size, _count, dtype = int(toks[0]), int(toks[1]), toks[2]
-            perf = toks[-n_perf:]
-            half_n = n_perf // 2
-            for p, placement in enumerate(_PLACEMENTS):
-                vals = perf[p * half_n : (p + 1) * half_n]
-                time_us = _num(vals[perf_idx["time"]])
-                dur = None if time_us is None else round(time_us * 1000)
-                rows.append(
-                    {
-                        "ts_ns": t,
-                        "end_ns": None if dur is None else t + dur,
-                        "comm": f"nccl-tests/{placement}",
-                        "op_seq": seq,
-                        "bytes": size,
-                        "dtype": dtype,
-                        "algbw_gbps": _num(vals[perf_idx["algbw"]]),
-                        "busbw_gbps": _num(vals[perf_idx["busbw"]]),
-                    }
-                )
-                t += dur or 0
-        except (ValueError, KeyError, IndexError):
-            skipped.append(raw)
-            continue
-        seq += 1
-    if not prefix:
+            log.comment(line)
+        else:
+            log.data(raw, line.split())
+    if not log.prefix:
         raise ConfigError(f"{source_name or 'nccl-tests log'}: no nccl-tests column header found")
+    concluded = log.concluded
     name = op or (op_from_name(concluded) if concluded else None) or op_from_name(source_name)
     if name is None:
         raise ConfigError(
             f"{source_name or 'nccl-tests log'}: cannot tell the collective; give the op"
         )
-    nranks = len(ranks) or 1
-    device = f"gpu{ranks.get(0, 0)}"
+    nranks = len(log.ranks) or 1
+    table = _table(log.rows, job, name, nranks, f"gpu{log.ranks.get(0, 0)}")
+    return NcclTestsResult(table, name, nranks, log.avg, log.oob, log.skipped)
+
+
+def _table(rows: list[dict[str, Any]], job: str, op: str, nranks: int, device: str) -> pa.Table:
     n = len(rows)
     cols: dict[str, Any] = {k: [r[k] for r in rows] for k in rows[0]} if rows else {}
-    table = pa.table(
+    return pa.table(
         {
             "ts_ns": pa.array(cols.get("ts_ns", []), pa.int64()),
             "end_ns": pa.array(cols.get("end_ns", []), pa.int64()),
             "job": pa.array([job] * n, pa.string()),
             "comm": pa.array(cols.get("comm", []), pa.string()),
-            "op": pa.array([name] * n, pa.string()),
+            "op": pa.array([op] * n, pa.string()),
             "op_seq": pa.array(cols.get("op_seq", []), pa.int64()),
             "rank": pa.array([0] * n, pa.int32()),
             "nranks": pa.array([nranks] * n, pa.int32()),
@@ -215,7 +239,6 @@ def parse_nccl_tests(
         },
         schema=COLLECTIVES_SCHEMA,
     )
-    return NcclTestsResult(table, name, nranks, avg, oob, skipped)
 
 
 def import_nccl_tests(
