@@ -193,9 +193,26 @@ def parse_ibnetdiscover(
         names[g] = f"{name}@{g}" if name in taken else name
         taken.add(names[g])
 
-    # host links keyed by (ca guid, ca port) → (switch guid, switch port, comment)
-    host_links: dict[tuple[str, int], tuple[str, int, str]] = {}
-    sw_links: dict[str, tuple[str, int, str, int, str]] = {}
+    host_links, sw_links = _links(switches, cas, problems)
+    aggregation = {g for g, d in cas.items() if "Aggregation Node" in d.desc}
+    leaves = {sw for (ca, _), (sw, _, _) in host_links.items() if ca not in aggregation}
+    level = _levels(set(switches), leaves, sw_links.values())
+    out = _switch_entities(switches, names, level, sw_links, valid_from, problems)
+    out.extend(_host_entities(cas, host_links, names, nm, aggregation, valid_from, problems))
+    return TopologyImport(out, problems)
+
+
+_HostLinks = dict[tuple[str, int], tuple[str, int, str]]
+_SwitchLinks = dict[str, tuple[str, int, str, int, str]]
+
+
+def _links(
+    switches: dict[str, _Device], cas: dict[str, _Device], problems: list[str]
+) -> tuple[_HostLinks, _SwitchLinks]:
+    """The host links keyed by (ca guid, ca port) → (switch guid, switch port, comment), and
+    the switch links by link id → (switch, port, peer switch, peer port, comment)."""
+    host_links: _HostLinks = {}
+    sw_links: _SwitchLinks = {}
     for g, d in switches.items():
         for p in d.ports:
             if p.peer_type == "H":
@@ -213,11 +230,18 @@ def parse_ibnetdiscover(
                 problems.append(f"CA {g} port {p.port} links to a non-switch {p.peer_guid}")
                 continue
             host_links[(g, p.port)] = (p.peer_guid, p.peer_port, p.comment)
+    return host_links, sw_links
 
-    aggregation = {g for g, d in cas.items() if "Aggregation Node" in d.desc}
-    leaves = {sw for (ca, _), (sw, _, _) in host_links.items() if ca not in aggregation}
-    level = _levels(set(switches), leaves, sw_links.values())
 
+def _switch_entities(
+    switches: dict[str, _Device],
+    names: dict[str, str],
+    level: dict[str, int],
+    sw_links: _SwitchLinks,
+    valid_from: int,
+    problems: list[str],
+) -> list[TopologyEntity]:
+    """The switches (with their level's role) and the links between them."""
     out: list[TopologyEntity] = []
     for g, d in switches.items():
         lv = level.get(g)
@@ -253,8 +277,7 @@ def parse_ibnetdiscover(
                 source=SOURCE,
             )
         )
-    out.extend(_host_entities(cas, host_links, names, nm, aggregation, valid_from, problems))
-    return TopologyImport(out, problems)
+    return out
 
 
 def _host_entities(
