@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from schemas.errors import ConfigError
 from schemas.ingest import Format
+from schemas.topics import TOPICS, Topics
 from services.kafka.log import cluster_metadata
 
 DEFAULT_SPEC = Path(__file__).resolve().parent.parent / "deploy" / "topics.yaml"
@@ -71,6 +72,13 @@ def load_topic_specs(path: Path = DEFAULT_SPEC, prefix: str = "") -> list[TopicS
         except (ValidationError, ValueError) as e:
             raise ConfigError(f"{path}: topic {name}: {str(e).splitlines()[0]}") from e
     return specs
+
+
+def load_topics(path: Path = DEFAULT_SPEC, prefix: str = "") -> Topics:
+    """The topic catalog (:class:`schemas.topics.Topics`) with ``prefix``, checked against
+    the spec file at ``path``: ConfigError when the file lacks one of its topics."""
+    names = (s.name for s in load_topic_specs(path, prefix))
+    return TOPICS.with_prefix(prefix).covering(names, str(path))
 
 
 def apply_topics(
