@@ -33,8 +33,9 @@ from schemas.catalog import Catalog, default_catalog
 from schemas.codec import MAX_MESSAGE_BYTES, decode
 from schemas.errors import RejectedInput
 from schemas.ingest.assemble import Points, Position, assemble
-from schemas.ingest.collectd import decode_collectd
-from schemas.ingest.influx import decode_influx
+from schemas.ingest.collectd import decode_collectd, decode_collectd_many
+from schemas.ingest.influx import decode_influx, decode_influx_many
+from schemas.ingest.many import Decoded, Unit, assemble_many
 from schemas.ingest.mapping import Mapping as SeriesMapping
 from schemas.ingest.mapping import load_mapping
 from schemas.ingest.otlp import decode_otlp
@@ -42,7 +43,9 @@ from schemas.ingest.prom import decode_prometheus
 from schemas.reasons import Reason
 from schemas.wire import Batch
 
-__all__ = ["Format", "IngestDecoder", "Position", "media_type"]
+__all__ = ["Decoded", "Format", "IngestDecoder", "Message", "Position", "Unit", "media_type"]
+
+Message = tuple[bytes | None, str | None, Position]  # value, content-type header, position
 
 
 class Format(StrEnum):
@@ -132,15 +135,7 @@ class IngestDecoder:
         media = media_type(content_type)
         if fmt is Format.REFINERY:
             return decode(body, media)
-        if media is not None and media not in ACCEPTS[fmt]:
-            raise RejectedInput(
-                Reason.UNSUPPORTED_CONTENT_TYPE,
-                f"topic {topic} carries {fmt.value}; content-type {content_type!r} disagrees",
-            )
-        if not body:
-            raise RejectedInput(Reason.UNDECODABLE, "empty message value")
-        if len(body) > MAX_MESSAGE_BYTES:
-            raise RejectedInput(Reason.OVERSIZED, f"message of {len(body)} bytes")
+        body = _checked(topic, fmt, body, content_type)
         family = FAMILY[fmt]
         try:
             points = _points(fmt, body, media)
@@ -149,3 +144,72 @@ class IngestDecoder:
             raise
         except Exception as e:  # any library error on hostile bytes is an undecodable record
             raise RejectedInput(Reason.UNDECODABLE, f"{type(e).__name__}: {e}"[:300]) from e
+
+    def decode_many(self, topic: str, msgs: list[Message]) -> Decoded:
+        """The records ``msgs`` of one foreign-format ``topic`` at once: one
+        :class:`~schemas.ingest.many.Unit` per source, each message in one unit or rejected
+        alone with its reason, exactly as :meth:`decode` would say of it. Line protocol and
+        collectd are read in one pass for all; a set that pass cannot read is decoded
+        message by message, as is every other format. Raises nothing."""
+        fmt = self.formats.get(topic, Format.REFINERY)
+        rejected: dict[int, RejectedInput] = {}
+        bodies: list[bytes] = []
+        ok: list[int] = []
+        for k, (body, ct, _) in enumerate(msgs):
+            try:
+                bodies.append(_checked(topic, fmt, body, ct))
+                ok.append(k)
+            except RejectedInput as e:
+                rejected[k] = e
+        got = self._joined(fmt, bodies, [msgs[k][2] for k in ok]) if len(ok) > 1 else None
+        if got is None:
+            got = self._one_by_one(topic, [msgs[k] for k in ok])
+        for unit in got.units:
+            unit.members = [ok[j] for j in unit.members]
+        rejected.update({ok[j]: e for j, e in got.rejected.items()})
+        return Decoded(got.units, rejected)
+
+    def _joined(self, fmt: Format, bodies: list[bytes], pos: list[Position]) -> Decoded | None:
+        """The messages read in one pass (None: not this format, or the pass failed)."""
+        family = FAMILY.get(fmt)
+        try:
+            if fmt is Format.INFLUX:
+                points, msg, bad = decode_influx_many(bodies)
+            elif fmt in (Format.COLLECTD, Format.COLLECTD_COUNTERS):
+                points, msg, bad = decode_collectd_many(bodies, fmt is Format.COLLECTD)
+            else:
+                return None
+            assert family is not None
+            got = assemble_many(points, msg, self.mapping(family), EXPORTER[family], pos)
+        except Exception:  # a value no number, a JSON block Arrow cannot read: one by one
+            return None
+        got.rejected.update(bad)
+        return got
+
+    def _one_by_one(self, topic: str, msgs: list[Message]) -> Decoded:
+        units: list[Unit] = []
+        rejected: dict[int, RejectedInput] = {}
+        for k, (body, ct, pos) in enumerate(msgs):
+            try:
+                b = self.decode(topic, body, ct, pos)
+            except RejectedInput as e:
+                rejected[k] = e
+                continue
+            env = b.envelope
+            units.append(Unit(env.source, b.table, [k], [b.table.num_rows], [env.sent_ns]))
+        return Decoded(units, rejected)
+
+
+def _checked(topic: str, fmt: Format, body: bytes | None, content_type: str | None) -> bytes:
+    """``body`` of a record of a foreign-format topic, if its header and size allow it."""
+    media = media_type(content_type)
+    if media is not None and media not in ACCEPTS[fmt]:
+        raise RejectedInput(
+            Reason.UNSUPPORTED_CONTENT_TYPE,
+            f"topic {topic} carries {fmt.value}; content-type {content_type!r} disagrees",
+        )
+    if not body:
+        raise RejectedInput(Reason.UNDECODABLE, "empty message value")
+    if len(body) > MAX_MESSAGE_BYTES:
+        raise RejectedInput(Reason.OVERSIZED, f"message of {len(body)} bytes")
+    return body
