@@ -29,11 +29,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from schemas.records import Alert, AlertState, Lineage, Severity
+from schemas.topics import TOPICS
 
 DEFAULT_BUCKET_NS = 60_000_000_000
 REFIRE_NS = 2 * DEFAULT_BUCKET_NS  # how long a resolved id is remembered against re-fires
 RESOLVED_KEY = "\x1fresolved"
-RAW_TOPIC = "telemetry.raw"
+RAW_TOPIC = TOPICS.raw  # the raw topic of rows that name none
 
 # Classes a value falls into relative to a rule's thresholds.
 LO, MID, HI = 0, 1, 2

@@ -81,8 +81,6 @@ __all__ = [
     "xid_info",
 ]
 
-EVENTS_TOPIC = "telemetry.events"
-
 
 def empty_refined() -> pa.Table:
     return REFINED_SCHEMA.empty_table()

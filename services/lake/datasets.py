@@ -38,6 +38,7 @@ import pyarrow as pa
 
 from pipelines.refine.aligned import ALIGNED_COLLECTIVES_SCHEMA, ALIGNED_EVENTS_SCHEMA
 from schemas.records import REFINED_SCHEMA, ROLLUP_SCHEMA
+from schemas.topics import TOPICS
 
 
 class Encoding(StrEnum):
@@ -199,49 +200,49 @@ DATASETS: dict[str, Dataset] = {
         # (measured smaller than one run per series); device breaks ties for a stable order.
         Dataset(
             "samples",
-            "telemetry.refined",
+            TOPICS.refined,
             Encoding.ARROW,
             REFINED_SCHEMA,
             ("node", "metric", "ts", "device"),
         ),
         Dataset(
             "events",
-            "telemetry.events.aligned",
+            TOPICS.events_aligned,
             Encoding.ARROW,
             EVENTS_LAKE_SCHEMA,
             ("node", "event", "device", "ts"),
         ),
         Dataset(
             "collectives",
-            "telemetry.collectives.aligned",
+            TOPICS.collectives_aligned,
             Encoding.ARROW,
             COLLECTIVES_LAKE_SCHEMA,
             ("job", "comm", "op_seq", "rank"),
         ),
-        Dataset("alerts", "telemetry.alerts", Encoding.JSON, ALERTS_SCHEMA, ("entity", "ts")),
-        Dataset("episodes", "telemetry.episodes", Encoding.JSON, EPISODES_SCHEMA, ("entity", "ts")),
+        Dataset("alerts", TOPICS.alerts, Encoding.JSON, ALERTS_SCHEMA, ("entity", "ts")),
+        Dataset("episodes", TOPICS.episodes, Encoding.JSON, EPISODES_SCHEMA, ("entity", "ts")),
         Dataset(
-            "deadletter", "telemetry.deadletter", Encoding.JSON, DEADLETTER_SCHEMA, ("reason", "ts")
+            "deadletter", TOPICS.deadletter, Encoding.JSON, DEADLETTER_SCHEMA, ("reason", "ts")
         ),
         Dataset(
             "rollups",
-            "telemetry.rollups",
+            TOPICS.rollups,
             Encoding.ARROW,
             ROLLUPS_LAKE_SCHEMA,
             ("node", "metric", "device", "window_s", "ts"),
         ),
-        Dataset("topology", "topology", Encoding.JSON, TOPOLOGY_SCHEMA, ("id", "valid_from")),
+        Dataset("topology", TOPICS.topology, Encoding.JSON, TOPOLOGY_SCHEMA, ("id", "valid_from")),
         Dataset(
             "node_facts",
-            "topology.nodes",
+            TOPICS.topology_nodes,
             Encoding.JSON,
             TOPOLOGY_SCHEMA,
             ("id", "valid_from"),
         ),
-        Dataset("jobs", "jobs", Encoding.JSON, JOBS_SCHEMA, ("job", "ts")),
+        Dataset("jobs", TOPICS.jobs, Encoding.JSON, JOBS_SCHEMA, ("job", "ts")),
         Dataset(
             "accounting",
-            "telemetry.accounting",
+            TOPICS.accounting,
             Encoding.ARROW,
             ACCOUNTING_SCHEMA,
             ("raw_partition", "raw_offset"),

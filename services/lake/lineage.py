@@ -52,9 +52,11 @@ import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from schemas.topics import TOPICS
+
 Key = tuple[Hashable, ...]
 _TOTAL = "__total"
-RAW_TOPIC = "telemetry.raw"  # what a NULL or absent raw_topic stands for
+RAW_TOPIC = TOPICS.raw  # what a NULL or absent raw_topic stands for
 
 
 @dataclass(frozen=True)
