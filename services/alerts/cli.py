@@ -10,9 +10,10 @@ import sys
 from typing import Any
 
 from schemas.records import Severity
+from schemas.topics import TOPICS
 from services.settings import RefinerySettings
 
-from .tail import DEFAULT_TOPIC, TailOptions, tail_alerts
+from .tail import TailOptions, tail_alerts
 from .webhook import WebhookForwarder, WebhookSettings
 
 
@@ -51,11 +52,11 @@ def cmd_alerts_forward(args: argparse.Namespace, settings: RefinerySettings) -> 
 
 def add_parser(subparsers: Any) -> None:
     """Add ``alerts tail`` and ``alerts forward`` to the ``refinery`` parser."""
-    a = subparsers.add_parser("alerts", help="consume telemetry.alerts (tail, webhook forward)")
+    a = subparsers.add_parser("alerts", help=f"consume {TOPICS.alerts} (tail, webhook forward)")
     asub = a.add_subparsers(dest="action", metavar="ACTION", parser_class=type(a))
     asub.required = True
     t = asub.add_parser("tail", help="print alert records; exits at the end unless --follow")
-    t.add_argument("--topic", default=DEFAULT_TOPIC)
+    t.add_argument("--topic", default=TOPICS.alerts)
     t.add_argument("--follow", "-f", action="store_true", help="keep waiting for new alerts")
     t.add_argument("--json", action="store_true", help="one JSON record per line")
     t.add_argument("--severity", choices=[s.value for s in Severity], help="at least this")
@@ -65,7 +66,7 @@ def add_parser(subparsers: Any) -> None:
     t.set_defaults(handler=cmd_alerts_tail)
     f = asub.add_parser("forward", help="POST each alert record to a webhook, at least once")
     f.add_argument("--webhook", required=True, metavar="URL")
-    f.add_argument("--topic", default=DEFAULT_TOPIC)
+    f.add_argument("--topic", default=TOPICS.alerts)
     f.add_argument("--group", default="refinery-alerts-webhook", help="consumer group")
     f.add_argument(
         "--max-attempts", type=int, default=None, help="give up (exit 1, no commit) after N"

@@ -20,15 +20,15 @@ from pydantic import ValidationError
 
 from schemas.errors import RefineryError
 from schemas.records import Alert, Severity
+from schemas.topics import TOPICS
 from services.kafka.internals import LIBRDKAFKA_CONSUMER_BOUNDS
 
-DEFAULT_TOPIC = "telemetry.alerts"
 _RANK = {Severity.INFO: 0, Severity.WARNING: 1, Severity.CRITICAL: 2}
 
 
 @dataclass(frozen=True)
 class TailOptions:
-    topic: str = DEFAULT_TOPIC
+    topic: str = TOPICS.alerts
     follow: bool = False
     as_json: bool = False
     severity: Severity | None = None  # at least this severe

@@ -29,6 +29,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError
 
 from schemas.errors import TransientError
+from schemas.topics import TOPICS
 from services.kafka.internals import LIBRDKAFKA_CONSUMER_BOUNDS
 
 log = logging.getLogger(__name__)
@@ -51,7 +52,7 @@ def post_json(url: str, body: bytes, headers: dict[str, str], timeout_s: float =
 @dataclass(frozen=True)
 class WebhookSettings:
     url: str
-    topic: str = "telemetry.alerts"
+    topic: str = TOPICS.alerts
     group: str = "refinery-alerts-webhook"
     backoff_initial_s: float = 0.5
     backoff_max_s: float = 30.0

@@ -27,6 +27,7 @@ import pyarrow as pa
 
 from schemas.catalog import default_catalog
 from schemas.errors import ConfigError
+from schemas.topics import TOPICS
 from schemas.wire import ClockBlock, Envelope, PayloadKind, SourceId
 from services.exporters.refused import Refusals
 from services.kafka.producer import initial_seq
@@ -207,9 +208,9 @@ def cmd_export_firmware(args: argparse.Namespace, settings: RefinerySettings) ->
             t0 = time.monotonic()
             poll = exporter.poll()
             for table in poll.samples:
-                sink.send(PayloadKind.SAMPLES, "telemetry.raw", table, poll.clock)
+                sink.send(PayloadKind.SAMPLES, TOPICS.raw, table, poll.clock)
             for table in poll.events:
-                sink.send(PayloadKind.EVENTS, "telemetry.events", table, poll.clock)
+                sink.send(PayloadKind.EVENTS, TOPICS.events, table, poll.clock)
             for h in exporter.health.values():
                 # the service's own telemetry: polls and failures per source
                 telemetry.count(

@@ -16,12 +16,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from schemas.topics import TOPICS
 from schemas.wire import PayloadKind, SourceId
 from services.exporters.firmware_cli import BatchSink, local_identity, parse_duration, safe_name
 from services.settings import RefinerySettings
 from services.topology.cli import command_group
-
-TOPIC = "telemetry.collectives"
 
 
 def _inspector_job(directory: Path) -> str:
@@ -49,7 +48,7 @@ def cmd_export_nccl(args: argparse.Namespace, settings: RefinerySettings) -> int
         while True:
             t0 = time.monotonic()
             poll = src.poll()
-            sink.send(PayloadKind.COLLECTIVES, TOPIC, poll.table, key=job)
+            sink.send(PayloadKind.COLLECTIVES, TOPICS.collectives, poll.table, key=job)
             for e in poll.errors:
                 errors += 1
                 print(f"export nccl: {e}", file=sys.stderr)
@@ -81,7 +80,7 @@ def cmd_import_nccl_tests(args: argparse.Namespace, settings: RefinerySettings) 
             stdout=args.stdout,
             interval_ns=None,
         )  # fmt: skip
-        sink.send(PayloadKind.COLLECTIVES, TOPIC, result.table, key=job)
+        sink.send(PayloadKind.COLLECTIVES, TOPICS.collectives, result.table, key=job)
         left += sink.close()
         busbw = [v for v in result.table.column("busbw_gbps").to_pylist() if v is not None]
         summaries.append(
@@ -121,7 +120,7 @@ def add_parser(subparsers: Any) -> None:
     e.set_defaults(handler=cmd_export_nccl)
 
     imp = command_group(subparsers, "import", "import a saved capture (publishes to Kafka)")
-    i = imp.add_parser("nccl-tests", help="nccl-tests stdout logs → telemetry.collectives")
+    i = imp.add_parser("nccl-tests", help=f"nccl-tests stdout logs → {TOPICS.collectives}")
     i.add_argument("files", nargs="+", metavar="FILE")
     i.add_argument("--job", metavar="J", help="job id (default: the file name)")
     i.add_argument("--op", help="collective, when neither the log nor its name says")

@@ -27,13 +27,12 @@ from typing import Any
 from schemas.catalog import default_catalog
 from schemas.codec import ARROW, JSON, encode
 from schemas.errors import ConfigError, RefineryError
+from schemas.topics import TOPICS
 from services.exporters.netdev import NetdevFacts, boot_time_ns
 from services.exporters.node import NodeCollector, node_source
 from services.exporters.refused import Refusals
 from services.settings import RefinerySettings
 
-RAW_TOPIC = "telemetry.raw"
-NODE_FACTS_TOPIC = "topology.nodes"
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
 _UNIT_S = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 
@@ -67,7 +66,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p.add_argument("--sysfs", default="/sys", help="sysfs root (default /sys)")
     p.add_argument("--json", action="store_true", help="publish in the JSON encoding, not Arrow")
     p.add_argument("--node", help="node name (default: the hostname)")
-    p.add_argument("--topic", default=RAW_TOPIC, help=f"Kafka topic (default {RAW_TOPIC})")
+    p.add_argument("--topic", default=TOPICS.raw, help=f"Kafka topic (default {TOPICS.raw})")
     p.add_argument("--no-gpu", action="store_true", help="do not open NVML")
     p.add_argument("--no-clock", action="store_true", help="do not run chronyc")
     p.add_argument(
@@ -75,8 +74,8 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     )
     p.add_argument(
         "--topology-topic",
-        default=NODE_FACTS_TOPIC,
-        help=f"topic of the netdev facts (default {NODE_FACTS_TOPIC})",
+        default=TOPICS.topology_nodes,
+        help=f"topic of the netdev facts (default {TOPICS.topology_nodes})",
     )
     p.add_argument(
         "--facts-every", type=int, default=60, help="check the facts every N scrapes (60)"

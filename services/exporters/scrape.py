@@ -39,8 +39,9 @@ from schemas.errors import ConfigError, RejectedInput
 from schemas.ingest.assemble import Position, assemble
 from schemas.ingest.mapping import default_mapping
 from schemas.ingest.prom import decode_prometheus
+from schemas.topics import TOPICS
 from schemas.wire import Envelope, SourceId
-from services.exporters.node_cli import RAW_TOPIC, parse_duration
+from services.exporters.node_cli import parse_duration
 from services.settings import RefinerySettings
 
 ACCEPT = "text/plain;version=0.0.4;q=0.9,application/openmetrics-text;version=1.0.0;q=0.5"
@@ -120,7 +121,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p.add_argument("--stdout", action="store_true", help="print JSON batches instead of publishing")
     p.add_argument("--all", action="store_true", help="publish series the catalog lacks too")
     p.add_argument("--json", action="store_true", help="publish in the JSON encoding, not Arrow")
-    p.add_argument("--topic", default=RAW_TOPIC, help=f"Kafka topic (default {RAW_TOPIC})")
+    p.add_argument("--topic", default=TOPICS.raw, help=f"Kafka topic (default {TOPICS.raw})")
     p.add_argument("--timeout", type=float, default=5.0, help="HTTP timeout, seconds (5)")
     p.set_defaults(handler=cmd_export_scrape)
 

@@ -23,11 +23,9 @@ from typing import Any
 from pydantic import BaseModel
 
 from schemas.errors import TransientError
+from schemas.topics import TOPICS
 from services.settings import KafkaSettings, RefinerySettings
 from services.topology.topofile import TopologyImport, dump_document, parse_time_ns
-
-TOPOLOGY_TOPIC = "topology"
-JOBS_TOPIC = "jobs"
 
 
 def command_group(sub: Any, name: str, help_text: str) -> Any:
@@ -136,7 +134,7 @@ def cmd_topology_import(args: argparse.Namespace, settings: RefinerySettings) ->
     for p in result.problems:
         print(f"topology import: {p}", file=sys.stderr)
     items: list[tuple[str, BaseModel]] = [(e.id, e) for e in result.entities]
-    _emit(args, settings, TOPOLOGY_TOPIC, items, dump_document(result.entities))
+    _emit(args, settings, TOPICS.topology, items, dump_document(result.entities))
     return 1 if result.problems else 0
 
 
@@ -147,7 +145,7 @@ def cmd_jobs_publish(args: argparse.Namespace, settings: RefinerySettings) -> in
     for p in problems:
         print(f"jobs publish: {p}", file=sys.stderr)
     doc = {"jobs": [j.model_dump(mode="json") for j in jobs]}
-    _emit(args, settings, JOBS_TOPIC, [(j.job, j) for j in jobs], doc)
+    _emit(args, settings, TOPICS.jobs, [(j.job, j) for j in jobs], doc)
     return 1 if problems else 0
 
 

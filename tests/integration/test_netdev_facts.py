@@ -16,7 +16,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from schemas.records import EntityKind, TopologyEntity
-from services.exporters.node_cli import NODE_FACTS_TOPIC
+from schemas.topics import TOPICS
 from services.kafka.feed import TopologyFeed, nodes_topic
 from tests.unit.test_netdev import NETDEVS, build_sysfs
 
@@ -53,13 +53,13 @@ def test_the_node_exporter_publishes_its_netdev_facts(kafka_bootstrap: str, tmp_
     run = subprocess.run(
         [sys.executable, "-m", "services.cli", "export", "node", "--once", "--no-gpu",
          "--no-clock", "--node", "n7", "--sysfs", str(sysfs), "--topic", pre + "raw",
-         "--topology-topic", pre + NODE_FACTS_TOPIC],
+         "--topology-topic", pre + TOPICS.topology_nodes],
         capture_output=True, text=True, env=env, cwd=REPO, timeout=120,
     )  # fmt: skip
     assert run.returncode == 0, run.stderr[-2000:]
-    assert NODE_FACTS_TOPIC == nodes_topic("topology") == "topology.nodes"
+    assert TOPICS.topology_nodes == nodes_topic("topology") == "topology.nodes"
     assert _read_all(kafka_bootstrap, pre + "topology") == {}  # the fabric's: not the exporter's
-    facts = _read_all(kafka_bootstrap, pre + NODE_FACTS_TOPIC)
+    facts = _read_all(kafka_bootstrap, pre + TOPICS.topology_nodes)
     assert {k: e.nic for k, e in facts.items()} == {
         f"netdev:n7/{nd}": hca for nd, hca in {**NETDEVS, "bond0": "mlx5_bond_0"}.items()
     }
