@@ -53,12 +53,11 @@ from services.kafka.faust_app import App as FaustApp
 from services.kafka.feed import TopologyFeed
 from services.kafka.group import (
     Progress,
-    attach_outputs,
     credentials,
     manual_acks,
     publish_acked,
 )
-from services.kafka.outputs import OutMessage
+from services.kafka.outputs import OutMessage, OutputProducer
 from services.kafka.watch import fetch_range
 from services.settings import KafkaSettings
 from services.telemetry import ServiceTelemetry
@@ -133,6 +132,7 @@ def build_detect_app(
     feed = TopologyFeed(conf, topics.topology, topics.jobs)
     state = _State()
     progress = Progress()
+    outputs = OutputProducer(kafka, cfg.group)
     # primed when the agent starts (the long first settle before any record waits), then
     # again after the first group
     gc_pacer = GcPacer(cfg.gc_settle_every_s)
@@ -196,7 +196,8 @@ def build_detect_app(
                 progress.last_group_started = time.monotonic()
                 async with lock:
                     with telemetry.span("detect.group", {"records": len(events)}):
-                        await publish_acked(app, await route(events))  # derived records first
+                        # derived records first
+                        await publish_acked(app, outputs, await route(events))
                 for ev in events:  # then Faust may commit the input
                     await stream.ack(ev)
                 progress.groups += 1
@@ -274,7 +275,7 @@ def build_detect_app(
                 core.sync_topology(feed)
                 t0, n0 = time.monotonic(), core.stats["warmup"]
                 spans, out = await loop.run_in_executor(None, warm_up, parts, keep)
-                await publish_acked(app, core.messages(out))
+                await publish_acked(app, outputs, core.messages(out))
                 for s in spans:
                     state.next_offset[(s.topic, s.partition)] = s.resume
                 log.info(
@@ -312,7 +313,7 @@ def build_detect_app(
         state.flushed = True
         await asyncio.wait_for(lock.acquire(), 10)
         try:
-            await publish_acked(app, core.messages(detector.flush()))
+            await publish_acked(app, outputs, core.messages(detector.flush()))
         finally:
             lock.release()
 
@@ -325,7 +326,7 @@ def build_detect_app(
             now = time.time_ns()
             out = advanced(Emitted(), now)  # the watermark first, then what it makes due
             out.extend(detector.tick(now))
-            await publish_acked(app, core.messages(out))
+            await publish_acked(app, outputs, core.messages(out))
         telemetry.gauge("detect.groups", progress.groups)
         idle = time.monotonic() - state.last_data
         if cfg.idle_exit_s is not None and idle > cfg.idle_exit_s:
@@ -359,7 +360,6 @@ def build_detect_app(
         return web.text(telemetry.prometheus_text())
 
     app.refinery_detect = core  # type: ignore[attr-defined]
-    attach_outputs(app, kafka, cfg.group)
     return app
 
 

@@ -9,43 +9,19 @@ and the records that reached the left-out partitions meanwhile waited with it. M
 the worker alone at 182 k samples/s: groups that started with records 0.8-0.9 s old while
 the worker sat idle. With a short wait the request comes back and the next one covers every
 partition; the cost is a few more fetch requests per second when the topic is quiet.
+
+How the wait is changed reaches into Faust's internals: :func:`services.kafka.internals.
+short_fetch_app`.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 import faust
-from faust.transport.drivers import aiokafka as faust_aiokafka
 
-FETCH_MAX_WAIT_MS = 50
-# what one fetch response may carry, compressed (aiokafka's default is 50 MiB; the broker still
-# returns a first batch larger than this, so no record is too large to fetch). What a batch
-# inflates to is bounded by services.kafka.internals.
-FETCH_MAX_BYTES = 32 * 1024 * 1024
+from services.kafka.internals import FETCH_MAX_BYTES, FETCH_MAX_WAIT_MS, short_fetch_app
 
+__all__ = ["FETCH_MAX_BYTES", "FETCH_MAX_WAIT_MS", "App"]
 
-class _ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
-    def _create_worker_consumer(self, transport: Any) -> Any:
-        consumer = super()._create_worker_consumer(transport)
-        # read by AIOKafkaConsumer.start(), which builds its fetcher from it
-        consumer._fetch_max_wait_ms = FETCH_MAX_WAIT_MS
-        consumer._fetch_max_bytes = FETCH_MAX_BYTES
-        return consumer
-
-
-class _Consumer(faust_aiokafka.Consumer):
-    def _new_consumer_thread(self) -> _ConsumerThread:
-        return _ConsumerThread(self, loop=self.loop, beacon=self.beacon)
-
-
-class _Transport(faust_aiokafka.Transport):
-    Consumer = _Consumer
-
-
-class App(faust.App):
-    """``faust.App`` whose consumer waits at most :data:`FETCH_MAX_WAIT_MS` per fetch and
-    fetches at most :data:`FETCH_MAX_BYTES` at a time."""
-
-    def _new_transport(self) -> Any:
-        return _Transport(self.conf.broker_consumer, self)
+# ``faust.App`` whose consumer waits at most FETCH_MAX_WAIT_MS per fetch and fetches at most
+# FETCH_MAX_BYTES at a time
+App = short_fetch_app(faust.App)

@@ -1,7 +1,7 @@
-"""Running a Faust app of this project: its group's progress for ``/health``, the output producer
-its agents publish through (acknowledged before anything is acked), Faust's groups whose acks
-only the caller gives, credentials, and the process runner that ends a crashed app non-zero.
-Shared by the worker and detect."""
+"""Running a Faust app of this project: its group's progress for ``/health``, publishing through
+the process's output producer (acknowledged before anything is acked), Faust's groups whose
+acks only the caller gives, credentials, and the process runner that ends a crashed app
+non-zero. Shared by the worker and detect."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from typing import Any
 
 import faust
 
+from services.kafka import hooks, internals
 from services.kafka.outputs import OutMessage, OutputProducer
 from services.settings import KafkaSettings
 
@@ -52,7 +53,7 @@ async def track_topics(app: faust.App, topics: Iterable[str]) -> None:
     topic drops out of its view. Batches already queued for a dropped topic then wait for a
     leader the producer never looks up, and time out (seen as NotLeaderForPartition and a
     30 s send timeout under load). An explicit list that only grows avoids that."""
-    client = app.producer._ensure_producer().client  # type: ignore[attr-defined]
+    client = internals.producer_client(app)
     tracked = _TRACKED.setdefault(client, set())
     want = set(topics) | {t.changelog_topic.get_topic_name() for t in app.tables.values()}
     if want <= tracked:
@@ -61,20 +62,13 @@ async def track_topics(app: faust.App, topics: Iterable[str]) -> None:
     await client.set_topics(sorted(tracked))
 
 
-def attach_outputs(app: faust.App, kafka: KafkaSettings, client_id: str) -> OutputProducer:
-    """Give ``app`` the producer its agents' outputs go through (:func:`publish_acked`)."""
-    outputs = OutputProducer(kafka, client_id)
-    app.refinery_outputs = outputs  # type: ignore[attr-defined]
-    return outputs
-
-
-async def publish_acked(app: faust.App, messages: list[OutMessage]) -> None:
-    """Send ``messages`` through the app's output producer (:func:`attach_outputs`) and wait
-    until every one is acknowledged; raise (and crash the agent) on anything else. A message
-    sent twice (by a replay) is harmless: every output carries its lineage and consumers
-    dedupe on it."""
+async def publish_acked(
+    app: faust.App, outputs: OutputProducer, messages: list[OutMessage]
+) -> None:
+    """Send ``messages`` through the process's output producer and wait until every one is
+    acknowledged; raise (and crash the agent) on anything else. A message sent twice (by a
+    replay) is harmless: every output carries its lineage and consumers dedupe on it."""
     await track_topics(app, ())  # the table changelogs, which the app's producer still sends
-    outputs: OutputProducer = app.refinery_outputs  # type: ignore[attr-defined]
     await outputs.publish(messages)
 
 
@@ -136,11 +130,12 @@ def run_worker(app: faust.App, loglevel: str = "warning", stop_timeout_s: float 
         logging.shutdown()
         os._exit(3)
 
-    @app.on_before_shutdown.connect  # type: ignore[arg-type]
-    async def arm_watchdog(app_: Any, **kwargs: Any) -> None:
+    async def arm_watchdog() -> None:
         timer = threading.Timer(stop_timeout_s, watchdog)
         timer.daemon = True
         timer.start()
+
+    hooks.on_stopping(app, arm_watchdog)
 
     worker = faust.Worker(app, loglevel=loglevel, quiet=True)
     code = 0

@@ -31,7 +31,7 @@ import mmap
 import struct
 import zlib
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, TypeVar, cast
 
 # the largest a record batch may inflate to: the raw topics take batches of at most 16 MiB
 # compressed from producers whose batches are at most a few MB (librdkafka's batch.size) and
@@ -40,6 +40,7 @@ MAX_INFLATED_BYTES = 64 * 1024 * 1024
 REFUSED_HEADER = "x-refinery-refused"
 
 _XERIAL = b"\x82SNAPPY\x00"
+_AppT = TypeVar("_AppT")
 
 
 # the same bounds for the confluent-kafka (librdkafka) consumers: what a fetch carries, and the
@@ -218,3 +219,84 @@ def refused_detail(headers: list[tuple[str, bytes]]) -> str | None:
         if k == REFUSED_HEADER:
             return v.decode("utf-8", "replace")
     return None
+
+
+# --- Faust 0.15.3's internals (faust-streaming is pinned; tests/unit/test_faust_internals.py
+# fails if any of these moves). docs/operations.md, "Faust internals we rely on", says why
+# each stays and what Faust's public API offers instead.
+
+FETCH_MAX_WAIT_MS = 50
+# what one fetch response may carry, compressed (aiokafka's default is 50 MiB; the broker still
+# returns a first batch larger than this, so no record is too large to fetch). What a batch
+# inflates to is bounded by install() above.
+FETCH_MAX_BYTES = 32 * 1024 * 1024
+
+
+def short_fetch_app(base: type[_AppT]) -> type[_AppT]:
+    """``base`` (``faust.App``) whose aiokafka consumer waits at most :data:`FETCH_MAX_WAIT_MS`
+    per fetch and fetches at most :data:`FETCH_MAX_BYTES` at a time.
+
+    Why: Faust builds its consumer with ``fetch_max_wait_ms=1500`` and no setting changes it
+    (``AIOKafkaConsumerThread._create_worker_consumer``; see :mod:`services.kafka.faust_app` for
+    what the wait cost). The consumer reads ``_fetch_max_wait_ms`` and ``_fetch_max_bytes`` in
+    ``start()``, when it builds its fetcher; the consumer thread, the consumer and the
+    transport are reached through ``App._new_transport`` and ``Consumer._new_consumer_thread``."""
+    from faust.transport.drivers import aiokafka as faust_aiokafka
+
+    class ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
+        def _create_worker_consumer(self, transport: Any) -> Any:
+            consumer = super()._create_worker_consumer(transport)
+            consumer._fetch_max_wait_ms = FETCH_MAX_WAIT_MS
+            consumer._fetch_max_bytes = FETCH_MAX_BYTES
+            return consumer
+
+    class ShortFetchConsumer(faust_aiokafka.Consumer):
+        def _new_consumer_thread(self) -> ConsumerThread:
+            return ConsumerThread(self, loop=self.loop, beacon=self.beacon)
+
+    class Transport(faust_aiokafka.Transport):
+        Consumer = ShortFetchConsumer
+
+    def _new_transport(self: Any) -> Any:
+        return Transport(self.conf.broker_consumer, self)
+
+    return cast("type[_AppT]", type(base.__name__, (base,), {"_new_transport": _new_transport}))
+
+
+async def declare_gap(consumer: Any, topic: str, partition: int, first: int, last: int) -> None:
+    """Tell Faust's consumer that offsets ``first..last`` of a partition will never be acked
+    by an agent: they count as acked once an offset after them is, so commits move past them.
+
+    Why: the consumer counts offsets read that its stream dropped (its buffer on a rebalance,
+    ``take_events`` under backlog) and commits nothing past an offset never acked: the
+    partition would stall for good. The worker refines those records after fetching them
+    directly; ``Consumer._add_gap`` is how Faust's own fetcher declares offsets it will not
+    deliver (compacted away), and there is no public equivalent."""
+    from faust.types import TP
+
+    await consumer._add_gap(TP(topic, partition), first, last)
+
+
+def set_without_changelog(table: Any, key: bytes, value: bytes) -> str:
+    """Set ``table[key]`` in its local store only, and return the name of its changelog topic:
+    the caller sends the changelog record (raw key and value, no headers: what Faust's
+    ``table[key] = value`` sends for a raw-serialized table, and what its recovery reads back).
+
+    Why: ``table[key] = value`` sends the record through the app's aiokafka producer, keyed
+    to the partition of the stream's *current* event; the worker's groups span several
+    partitions and its records must be acknowledged with its outputs by the librdkafka
+    producer, so it builds the record itself and writes ``Table.data`` (the store) directly."""
+    table.data[key] = value
+    return str(table.changelog_topic.get_topic_name())
+
+
+def producer_client(app: Any) -> Any:
+    """The aiokafka client of the app's producer (created if need be), whose ``set_topics``
+    sets the topics whose metadata it keeps.
+
+    Why: aiokafka's producer asks for the metadata of every topic only until its first send to
+    a topic it does not know; from then on only for the topics sent to since, and batches
+    queued for a topic that dropped out wait for a leader it never looks up (see
+    :func:`services.kafka.group.track_topics`). Its client is reached only through Faust's
+    ``Producer._ensure_producer``."""
+    return app.producer._ensure_producer().client

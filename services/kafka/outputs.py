@@ -146,6 +146,10 @@ class OutputProducer:
             left = sum(d.messages - d.acked for d in deliveries)
             raise OutputError(f"{left} outputs still unacknowledged after {self.deadline_s} s")
 
+    def close(self) -> None:
+        """Stop the producer (its threads, its connections); wait for what it holds first."""
+        self._producer.close()
+
     def _serve(self, deliveries: Sequence[Delivery], until: float) -> bool:
         """Serve delivery reports (in this thread, the GIL released while librdkafka waits)
         until every one of ``deliveries`` has its report or ``until``. Not ``flush()``: a

@@ -245,8 +245,8 @@ def run(args: argparse.Namespace, settings: RefinerySettings) -> int:
     check_partitions(conf, cfg.app_id, {"raw": inputs.raw, "events": inputs.events})
     telemetry = ServiceTelemetry("worker", otlp_endpoint=settings.otlp_endpoint)
     keep_heap()
-    app = build_app(kafka, cfg, telemetry)
+    worker = build_app(kafka, cfg, telemetry)
     try:
-        return run_worker(app, loglevel=args.loglevel)
+        return run_worker(worker.app, loglevel=args.loglevel)
     finally:
         telemetry.shutdown()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from lab.bench.instructions import GROUP, main, run
-from services.worker.app import WorkerConfig
+from services.worker.config import WorkerConfig
 
 
 def test_the_measured_half_refines_samples_and_the_warm_up_alone_none() -> None:

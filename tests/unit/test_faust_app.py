@@ -48,16 +48,17 @@ def test_the_app_waits_at_most_the_short_fetch_wait_where_faust_waits_1500_ms(
 
 
 def test_the_worker_app_is_built_on_it(tmp_path: Path) -> None:
-    app = build_app(
+    worker = build_app(
         KafkaSettings(bootstrap_servers="127.0.0.1:1"),
         WorkerConfig(data_dir=tmp_path, web_port=None),
         ServiceTelemetry("test"),
     )
+    app = worker.app
     assert isinstance(app, App)
     assert _fetch_wait_ms(app) == FETCH_MAX_WAIT_MS
-    # the app's output producer (librdkafka) would keep dialling the unreachable broker and
-    # logging it for the rest of the session: drop the only reference, which destroys it
-    del app.refinery_outputs  # type: ignore[attr-defined]
+    # the output producer (librdkafka) would keep dialling the unreachable broker and
+    # logging it for the rest of the session
+    worker.outputs.close()
 
 
 def test_the_worker_joins_its_group_with_the_configured_session(
@@ -69,10 +70,11 @@ def test_the_worker_joins_its_group_with_the_configured_session(
     assert KafkaSettings().session_timeout_s == 15.0
     monkeypatch.setenv("REFINERY_SESSION_TIMEOUT_S", "8")
     kafka = KafkaSettings(bootstrap_servers="127.0.0.1:1")
-    app = build_app(kafka, WorkerConfig(data_dir=tmp_path, web_port=None), ServiceTelemetry("t"))
+    worker = build_app(kafka, WorkerConfig(data_dir=tmp_path, web_port=None), ServiceTelemetry("t"))
+    app = worker.app
     session, heartbeat = _consumer_ms(app, "_session_timeout_ms", "_heartbeat_interval_ms")
     assert (session, heartbeat) == (8000, 800)
-    del app.refinery_outputs  # type: ignore[attr-defined]
+    worker.outputs.close()
     # the broker refuses sessions under 6 s (group.min.session.timeout.ms)
     monkeypatch.setenv("REFINERY_SESSION_TIMEOUT_S", "5")
     with pytest.raises(ValidationError, match="session_timeout_s"):

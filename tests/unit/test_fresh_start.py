@@ -12,12 +12,13 @@ from services.worker.app import WorkerConfig, build_app
 
 def test_the_worker_creates_its_data_dir_with_its_parents(tmp_path: Path) -> None:
     data_dir = tmp_path / ".refinery" / "worker"  # the default, relative to an empty cwd
-    app = build_app(
+    worker = build_app(
         KafkaSettings(bootstrap_servers="127.0.0.1:1"),
         WorkerConfig(data_dir=data_dir, web_port=None),
         ServiceTelemetry("test"),
     )
+    app = worker.app
     assert data_dir.is_dir()
     app._create_directories()  # what Faust does on first start: the last level only
     assert Path(app.conf.datadir).is_dir()
-    del app.refinery_outputs  # type: ignore[attr-defined]  # stop dialling 127.0.0.1:1
+    worker.outputs.close()  # stop dialling 127.0.0.1:1

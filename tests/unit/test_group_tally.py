@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from pipelines.refine.clock import ClockEstimate
 from services.telemetry import ServiceTelemetry
-from services.worker.app import GroupTally
 from services.worker.refiner import Outcome, RawRecord
+from services.worker.tally import GroupTally
 
 
 def _rec(offset: int, topic: str = "telemetry.raw") -> RawRecord:

@@ -1,0 +1,51 @@
+"""What the refining worker is configured with: its input topics and its settings."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pipelines.refine.batch import RefineSettings
+from services.worker.refiner import OutputTopics
+
+
+@dataclass(frozen=True)
+class InputTopics:
+    raw: str = "telemetry.raw"
+    events: str = "telemetry.events"
+    collectives: str = "telemetry.collectives"
+    topology: str = "topology"
+    jobs: str = "jobs"
+    # ingest topics of foreign formats, (topic, format) (schemas.ingest): refined with raw
+    ingest: tuple[tuple[str, str], ...] = ()
+
+    def refined(self) -> set[str]:
+        """The topics whose records the worker refines or aligns."""
+        return {self.raw, self.events, self.collectives} | {t for t, _ in self.ingest}
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    app_id: str = "refinery-worker"
+    inputs: InputTopics = field(default_factory=InputTopics)
+    outputs: OutputTopics = field(default_factory=OutputTopics)
+    raw_partitions: int = 8
+    record_partitions: int = 4  # events and collectives (co-partitioned)
+    replication_factor: int = 1
+    data_dir: Path = Path(".refinery/worker")
+    web_port: int | None = 6066
+    web_host: str = "127.0.0.1"  # /health's bind address (a pod's IP where probes call it)
+    # A group's outputs are acknowledged and its state checkpointed once: a large group
+    # under backlog writes each stream's state once for several of its batches. It yields
+    # to the event loop between chunks (heartbeats run in the consumer's own thread).
+    take_max: int = 600
+    take_within_s: float = 0.05
+    # The state of a stream is megabytes a second under backlog (every series' counter
+    # state, rewritten for each group): written at most this often, the groups between two
+    # checkpoints are acked together with the later one, and a crash replays up to this
+    # much more input. 0: every group (the offsets commit every broker_commit_interval, 1 s).
+    checkpoint_every_s: float = 1.0
+    refine_chunk: int = 300  # records refined in one call (one vectorized pass per wave)
+    stall_after_s: float = 30.0
+    gc_settle_every_s: float = 600.0  # full garbage collections on this schedule (GcPacer)
+    refine: RefineSettings = field(default_factory=lambda: RefineSettings(seq_window=512))
