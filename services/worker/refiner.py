@@ -19,23 +19,22 @@ remembers it was checkpointed (the worker flushes outputs first), so it is skipp
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import pyarrow as pa
 
 from pipelines.refine.aligned import align_records
 from pipelines.refine.batch import (
+    Joined,
     RawBatch,
     RefineResult,
     RefineSettings,
     RefineState,
     refine_group,
 )
-from pipelines.refine.clock import ClockEstimate, ClockEstimator
+from pipelines.refine.clock import ClockEstimator
 from pipelines.refine.counters import CounterState
 from pipelines.refine.dedupe import SeqWindow
 from pipelines.refine.enrich import TopologyIndex
@@ -47,65 +46,27 @@ from schemas.reasons import Reason
 from schemas.records import (
     Alert,
     AlertState,
-    DeadLetter,
     Severity,
-    compact_json,
 )
 from schemas.wire import Batch, PayloadKind
 from services.kafka.internals import refused_detail
 from services.kafka.outputs import OutMessage
 from services.worker.guard import OutputTooLarge, Undo, detail_of, failed, recoverable
+from services.worker.refiner_ingest import Decoded, decode_ingest
+from services.worker.refiner_outputs import (
+    Outcome,
+    OutputTopics,
+    RawRecord,
+    accounting,
+    rejected_record,
+    sample_dead_letters,
+)
 from services.worker.state import StreamState, decode_overlap, encode_overlap
 from services.worker.waves import ZSTD, _runs, _WaveRows, ipc_with, refined_messages
 
 log = logging.getLogger(__name__)
 
-
-@dataclass(frozen=True)
-class RawRecord:
-    topic: str
-    partition: int
-    offset: int
-    key: bytes | None
-    value: bytes | None
-    headers: list[tuple[str, bytes]]
-    append_ms: int  # broker LogAppendTime (ms)
-    # the timestamp is the broker's append time; False: the producer's CreateTime (a topic
-    # without LogAppendTime), on which no clock is aligned (pipelines.refine.clock)
-    log_append: bool = True
-
-
-@dataclass(frozen=True)
-class OutputTopics:
-    refined: str = "telemetry.refined"
-    events: str = "telemetry.events.aligned"
-    collectives: str = "telemetry.collectives.aligned"
-    deadletter: str = "telemetry.deadletter"
-    accounting: str = "telemetry.accounting"
-    alerts: str = "telemetry.alerts"
-    # the largest message values the worker sends, below the producer's message.max.bytes
-    # (32 MiB) and the broker's limit of each topic (deploy/topics.yaml: 32 MiB for refined,
-    # 16 MiB for the aligned ones), with room for key and headers. An output over it is
-    # written with Arrow IPC compression (zstd; every Arrow reader inflates it), then a
-    # refined message is split per record; one record's output still over it is
-    # dead-lettered (output_too_large)
-    max_refined_bytes: int = 31 * 1024 * 1024
-    max_aligned_bytes: int = 15 * 1024 * 1024
-
-
-@dataclass
-class Outcome:
-    messages: list[OutMessage]
-    outcome: str  # refined | duplicate | replay | deadletter
-    input_samples: int
-    refined: int
-    duplicate: int
-    quarantined: int
-    reasons: dict[str, int]
-    stream: str | None
-    clock_offset_ns: int | None
-    freshness_ns: int | None  # broker append time - newest aligned ts
-    clock: ClockEstimate | None = None  # the estimate the record's rows were aligned with
+__all__ = ["Outcome", "OutputTopics", "RawRecord", "Refiner"]
 
 
 class Refiner:
@@ -136,6 +97,7 @@ class Refiner:
         self._onsets: dict[str, int] = {}
         self._dirty_streams: set[str] = set()
         self._dirty_nodes: set[str] = set()
+        self._sets: dict[int, Joined] = {}  # record index -> its joined set, while refining
 
     # -- state ------------------------------------------------------------------------------
 
@@ -214,6 +176,8 @@ class Refiner:
         its ``lineage`` header names each record. Raises only on a bug."""
         outs: list[Outcome | None] = [None] * len(recs)
         pending: list[tuple[int, RawRecord, Batch]] = []
+        ingest = decode_ingest(self.ingest, recs)
+        self._sets = {i: d.joined for i, d in ingest.items() if isinstance(d, Decoded)}
 
         def flush() -> None:
             if pending:
@@ -221,8 +185,19 @@ class Refiner:
                 pending.clear()
 
         for i, rec in enumerate(recs):
+            got = ingest.get(i)
+            if isinstance(got, Decoded):  # a joined set waits whole at its first record
+                for m in got.members if got.first == i else []:
+                    member = ingest[m]
+                    assert isinstance(member, Decoded)
+                    outs[m] = self._replay(recs[m], member.batch)
+                    if outs[m] is None:
+                        pending.append((m, recs[m], member.batch))
+                continue
             ct = content_type_of(rec.headers)
             try:
+                if isinstance(got, RejectedInput):
+                    raise got
                 batch = self._decode(rec, ct)
             except RejectedInput as e:
                 outs[i] = self._reject_record(rec, ct, e, now_ns)
@@ -233,20 +208,31 @@ class Refiner:
                 bad = RejectedInput(Reason.UNDECODABLE, detail_of(e))
                 outs[i] = self._reject_record(rec, ct, bad, now_ns)
                 continue
-            self._ensure(batch)
-            src = batch.envelope.source
-            position = (rec.partition, rec.offset)
-            window = self.state.seqs.get(src.key())
-            if window is not None and window.positions.get(batch.envelope.seq) == position:
-                n = batch.table.num_rows
-                outs[i] = Outcome([], "replay", n, 0, 0, 0, {}, src.stream_key(), None, None)
-            elif batch.envelope.kind is PayloadKind.SAMPLES:
+            outs[i] = self._replay(rec, batch)
+            if outs[i] is not None:
+                continue
+            if batch.envelope.kind is PayloadKind.SAMPLES:
                 pending.append((i, rec, batch))
             else:
                 flush()  # records share the sources' seq windows and clocks: keep the order
                 self._guarded([(i, rec, batch)], outs, now_ns)
         flush()
+        self._sets = {}
         return [o for o in outs if o is not None]
+
+    def _replay(self, rec: RawRecord, batch: Batch) -> Outcome | None:
+        """The outcome of a record whose (source, seq) was processed at this very Kafka
+        position (a replay after a crash), else None; loads the source's state."""
+        self._ensure(batch)
+        src = batch.envelope.source
+        window = self.state.seqs.get(src.key())
+        if window is not None and window.positions.get(batch.envelope.seq) == (
+            rec.partition,
+            rec.offset,
+        ):
+            n = batch.table.num_rows
+            return Outcome([], "replay", n, 0, 0, 0, {}, src.stream_key(), None, None)
+        return None
 
     def _guarded(
         self, items: list[tuple[int, RawRecord, Batch]], outs: list[Outcome | None], now_ns: int
@@ -287,7 +273,8 @@ class Refiner:
             return
         pending = items
         items_ = [RawBatch(b, (r.partition, r.offset), r.append_ms * 1_000_000,
-                           self._log_append(r), r.topic) for _, r, b in pending]  # fmt: skip
+                           self._log_append(r), r.topic, self._sets.get(i) if len(items) > 1
+                           else None) for i, r, b in pending]  # fmt: skip
         results = refine_group(
             items_, self.state, self.catalog, self._topology(), now_ns, self.settings
         )
@@ -333,26 +320,7 @@ class Refiner:
         src = batch.envelope.source
         self._dirty_streams.add(src.stream_key())
         self._dirty_nodes.add(src.node)
-        msgs: list[OutMessage] = []
-        reasons: dict[str, int] = {}
-        key = src.node.encode()
-        for i, group in enumerate(r.dead_letters):
-            reasons[group.reason.value] = reasons.get(group.reason.value, 0) + group.count
-            dl = DeadLetter(
-                reason=group.reason,
-                detail=group.detail[:1024],
-                topic=rec.topic,
-                partition=rec.partition,
-                offset=rec.offset,
-                node=src.node,
-                content_type=content_type_of(rec.headers),
-                scope="samples",
-                samples=group.count,
-                rows=group.rows,
-                original_b64=base64.b64encode(rec.value or b"").decode() if i == 0 else None,
-                ts_ns=now_ns,
-            )
-            msgs.append(OutMessage(self.topics.deadletter, key, dl.model_dump_json().encode()))
+        msgs, reasons = sample_dead_letters(self.topics, rec, src.node, r, now_ns)
         msgs.append(
             self._accounting(
                 rec, r.outcome, r.input, r.refined_count, r.duplicate, r.quarantined, src.node
@@ -429,26 +397,7 @@ class Refiner:
     def _reject_record(
         self, rec: RawRecord, ct: str | None, e: RejectedInput, now_ns: int
     ) -> Outcome:
-        node = rec.key.decode("utf-8", "replace")[:128] if rec.key else None
-        dl = DeadLetter(
-            reason=e.reason,
-            detail=e.detail[:1024],
-            topic=rec.topic,
-            partition=rec.partition,
-            offset=rec.offset,
-            node=node,
-            content_type=ct,
-            scope="record",
-            samples=0,
-            original_b64=base64.b64encode(rec.value or b"").decode(),
-            ts_ns=now_ns,
-        )
-        key = rec.key or b""
-        msgs = [
-            OutMessage(self.topics.deadletter, key, dl.model_dump_json().encode()),
-            self._accounting(rec, "deadletter", 0, 0, 0, 0, node, reason=e.reason.value),
-        ]
-        return Outcome(msgs, "deadletter", 0, 0, 0, 0, {e.reason.value: 1}, None, None, None)
+        return rejected_record(self.topics, rec, ct, e, now_ns)
 
     def _accounting(
         self,
@@ -461,24 +410,7 @@ class Refiner:
         node: str | None,
         reason: str | None = None,
     ) -> OutMessage:
-        doc = {
-            "raw_topic": rec.topic,
-            "raw_partition": rec.partition,
-            "raw_offset": rec.offset,
-            "node": node,
-            "outcome": outcome,
-            "reason": reason,
-            "input_samples": n,
-            "refined_samples": refined,
-            "duplicate_samples": dup,
-            "quarantined_samples": quarantined,
-            "append_ms": rec.append_ms,
-        }
-        return OutMessage(
-            self.topics.accounting,
-            str(rec.partition).encode(),
-            compact_json(doc),
-        )
+        return accounting(self.topics, rec, outcome, n, refined, dup, quarantined, node, reason)
 
     def _clock_alert(
         self, stream: str, node: str, r: RefineResult, now_ns: int, rec: RawRecord
