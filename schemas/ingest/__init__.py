@@ -156,6 +156,10 @@ class IngestDecoder:
         bodies: list[bytes] = []
         ok: list[int] = []
         for k, (body, ct, _) in enumerate(msgs):
+            if ct is None and body and len(body) <= MAX_MESSAGE_BYTES:
+                bodies.append(body)  # no header, a value within bounds: the common case
+                ok.append(k)
+                continue
             try:
                 bodies.append(_checked(topic, fmt, body, ct))
                 ok.append(k)
@@ -180,11 +184,9 @@ class IngestDecoder:
             else:
                 return None
             assert family is not None
-            got = assemble_many(points, msg, self.mapping(family), EXPORTER[family], pos)
+            return assemble_many(points, msg, self.mapping(family), EXPORTER[family], pos, bad)
         except Exception:  # a value no number, a JSON block Arrow cannot read: one by one
             return None
-        got.rejected.update(bad)
-        return got
 
     def _one_by_one(self, topic: str, msgs: list[Message]) -> Decoded:
         units: list[Unit] = []

@@ -124,11 +124,6 @@ _REQUIRED = ("values", "dstypes", "dsnames", "time", "plugin", "type")
 _LABELS = ("host", "plugin_instance", "type_instance")
 
 
-def _one_line(body: bytes) -> bool:
-    """Whether ``body`` is one value list as write_kafka writes it: ``[{...}]`` on one line."""
-    return body[:2] == b"[{" and body[-2:] == b"}]" and b"\n" not in body and b"\r" not in body
-
-
 def _string(tab: pa.Table, name: str) -> pa.Array:
     if name not in tab.column_names:
         return pa.nulls(tab.num_rows, pa.string())
@@ -231,7 +226,11 @@ def decode_collectd_many(
     of all, each sample's message index (ascending) and the messages rejected alone. Raises
     where the joined read fails (the caller decodes the set message by message)."""
     _REG.begin()
-    fast = [k for k, b in enumerate(bodies) if _one_line(b)]
+    fast = [
+        k
+        for k, b in enumerate(bodies)
+        if b[:2] == b"[{" and b[-2:] == b"}]" and b"\n" not in b and b"\r" not in b
+    ]  # one value list on one line, as write_kafka writes it
     good = np.zeros(0, dtype=bool)
     cols: dict[str, Any] = {}
     if fast:

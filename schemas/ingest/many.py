@@ -17,6 +17,7 @@ set message by message (:meth:`schemas.ingest.IngestDecoder.decode_many`).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 import pyarrow as pa
@@ -117,35 +118,31 @@ def _message_nodes(
 ) -> tuple[list[str | None], dict[int, RejectedInput]]:
     """The node of each message (None: rejected, with why): its series' one node label,
     else its Kafka key."""
-    m = len(pos)
+    m, width = len(pos), len(names) + 1
     has = node_code >= 0
-    pairs = np.unique(np.stack([msg[has], node_code[has]]), axis=1)
-    per = np.bincount(pairs[0], minlength=m)
+    pairs = np.unique(msg[has] * width + node_code[has])
+    owner, codes = pairs // width, pairs % width
+    per = np.bincount(owner, minlength=m)
     code = np.full(m, -1, dtype=np.int64)
-    code[pairs[0]] = pairs[1]
-    out: list[str | None] = [None] * m
+    code[owner] = codes
     bad: dict[int, RejectedInput] = {}
     for k in np.flatnonzero(per > 1).tolist():
-        shown = sorted(names[c] for c in pairs[1][pairs[0] == k])
+        shown = sorted(names[c] for c in codes[owner == k])
         bad[k] = RejectedInput(Reason.BAD_ENVELOPE, f"one message carries samples of "
                                f"{len(shown)} nodes ({', '.join(shown[:4])})")  # fmt: skip
-    for k, c in enumerate(code.tolist()):
-        if k in bad:
-            continue
+        code[k] = -2
+    checked = [_checked_node(n) for n in names]
+    got: list[str | RejectedInput | None] = [checked[c] if c >= 0 else None for c in code.tolist()]
+    for k in np.flatnonzero(code == -1).tolist():  # no node label: the Kafka key
         key = pos[k].key
-        if c >= 0:
-            raw: str | None = names[c]
-        else:
-            raw = key.decode("utf-8", "replace") if key else None
-        if raw is None:
-            bad[k] = RejectedInput(Reason.BAD_ENVELOPE, "no node: no host label and no Kafka key")
-            continue
-        got = _checked_node(raw)
-        if isinstance(got, RejectedInput):
-            bad[k] = got
-        else:
-            out[k] = got
-    return out, bad
+        got[k] = _checked_node(key.decode("utf-8", "replace")) if key else RejectedInput(
+            Reason.BAD_ENVELOPE, "no node: no host label and no Kafka key")  # fmt: skip
+    if any(not isinstance(c, str) for c in checked) or (code == -1).any():
+        for k, g in enumerate(got):
+            if isinstance(g, RejectedInput):
+                bad[k] = g
+                got[k] = None
+    return cast(list[str | None], got), bad
 
 
 def assemble_many(
@@ -154,88 +151,110 @@ def assemble_many(
     mapping: Mapping,
     exporter: str,
     pos: list[Position],
+    rejected: dict[int, RejectedInput],
     boot_ids: list[str] | None = None,
 ) -> Decoded:
     """The units of ``points`` read from the messages at ``pos`` (``msg``: each sample's
-    message index, ascending), as :func:`assemble` would build each message's batch."""
+    message index, ascending), as :func:`assemble` would build each message's batch;
+    ``rejected``: the messages the decoder rejected already (with no samples here)."""
     m = len(pos)
     counts = np.bincount(msg, minlength=m)
-    rejected = {
-        k: RejectedInput(Reason.OVERSIZED, f"{int(n)} samples > {MAX_ROWS}")
-        for k, n in enumerate(counts.tolist())
-        if n > MAX_ROWS
-    }
+    rejected = dict(rejected)
+    for k in np.flatnonzero(counts > MAX_ROWS).tolist():
+        rejected[k] = RejectedInput(Reason.OVERSIZED, f"{int(counts[k])} samples > {MAX_ROWS}")
     uniq, inv = np.unique(points.gid, return_inverse=True)
     targets = _TARGETS.of(points.series, mapping, uniq.tolist())
     nodes = sorted({t.node for t in targets if t.node})
     where = {n: i for i, n in enumerate(nodes)}
     code_u = np.array([where[t.node] if t.node else -1 for t in targets], dtype=np.int64)
     node_of, bad = _message_nodes(code_u[inv], msg, nodes, pos)
-    rejected.update(bad)
+    rejected.update({k: e for k, e in bad.items() if k not in rejected})
     factor_u = np.array([t.factor for t in targets], dtype=np.float64)
     counter_u = np.array([t.counter for t in targets], dtype=bool)
-    factor, counter = factor_u[inv], counter_u[inv]
     append = np.array([p.append_ns for p in pos], dtype=np.int64)
+    ts_all = np.where(points.ts < 0, append[msg], points.ts)
+    sent = _newest(ts_all, counts, append)
+    srcs, key = _sources(node_of, rejected, pos, boot_ids)
+    rows = _order(key, msg)
+    if rows is not None:  # the sources' messages interleave, or some are rejected
+        points = _take(points, rows)
+        inv, msg, ts_all = inv[rows], msg[rows], ts_all[rows]
+    factor, counter = factor_u[inv], counter_u[inv]
     value = points.value * factor
-    ts = np.where(points.ts < 0, append[msg], points.ts)
     ok, raw, inexact = _raw(points, value, counter, factor)
     if inexact.any():
         for i in np.unique(inv[inexact]).tolist():
             name = targets[i].metric
             INEXACT.inexact[name] = INEXACT.inexact.get(name, 0) + int((inv[inexact] == i).sum())
     value = np.where(ok, raw.astype(np.float64), value)
-    metric = pa.array([t.metric for t in targets], pa.string()).take(pa.array(inv, pa.int32()))
-    device = pa.array([t.device for t in targets], pa.string()).take(pa.array(inv, pa.int32()))
-    text = pa.array(points.text, pa.string()) if points.text else pa.nulls(len(ts), pa.string())
+    idx = pa.array(inv, pa.int32())
+    metric = pa.array([t.metric for t in targets], pa.string()).take(idx)
+    device = pa.array([t.device for t in targets], pa.string()).take(idx)
+    n = len(ts_all)
+    text = pa.array(points.text, pa.string()) if points.text else pa.nulls(n, pa.string())
     table = pa.Table.from_arrays(
-        [pa.array(ts), metric, device, pa.array(value), pa.array(raw, mask=~ok), text],
+        [pa.array(ts_all), metric, device, pa.array(value), pa.array(raw, mask=~ok), text],
         schema=SAMPLES_SCHEMA,
     )
-    return _units(table, msg, counts, node_of, rejected, exporter, pos, boot_ids)
-
-
-def _units(
-    table: pa.Table,
-    msg: np.ndarray,
-    counts: np.ndarray,
-    node_of: list[str | None],
-    rejected: dict[int, RejectedInput],
-    exporter: str,
-    pos: list[Position],
-    boot_ids: list[str] | None,
-) -> Decoded:
-    """``table`` (rows in message order) cut into one unit per source, rejected messages'
-    rows left out; one take when the sources' messages interleave."""
-    m = len(pos)
-    srcs: dict[tuple[str, int, str], list[int]] = {}
-    for k in range(m):
-        node = node_of[k]
-        if node is None or k in rejected:
-            continue
-        boot = boot_ids[k] if boot_ids is not None else "ingest"
-        srcs.setdefault((node, pos[k].partition, boot), []).append(k)
-    sent = _newest(table.column("ts_ns").to_numpy(), counts, pos)
-    order = [k for members in srcs.values() for k in members]
-    if order != list(range(m)):  # each sample's place: its message's in ``order``
-        rank = np.full(m, m, dtype=np.int64)
-        rank[np.array(order, dtype=np.int64)] = np.arange(len(order))
-        place = rank[msg]
-        rows = np.argsort(place, kind="stable")[: int(np.count_nonzero(place < m))]
-        table = table.take(pa.array(rows, pa.int64()))
     cnt = counts.tolist()
     units, row = [], 0
-    for (node, partition, boot), members in srcs.items():
-        n = [cnt[k] for k in members]
-        total = sum(n)
+    for (node, partition, boot), members in srcs:
+        c = [cnt[k] for k in members]
+        total = sum(c)
         src = _source(node, exporter, partition, boot)
-        units.append(Unit(src, table.slice(row, total), members, n, [sent[k] for k in members]))
+        units.append(Unit(src, table.slice(row, total), members, c, [sent[k] for k in members]))
         row += total
     return Decoded(units, rejected)
 
 
-def _newest(ts: np.ndarray, counts: np.ndarray, pos: list[Position]) -> list[int]:
+def _sources(
+    node_of: list[str | None],
+    rejected: dict[int, RejectedInput],
+    pos: list[Position],
+    boot_ids: list[str] | None,
+) -> tuple[list[tuple[tuple[str, int, str], list[int]]], np.ndarray]:
+    """Each source's messages, in order of first appearance, and each message's source
+    (its index there; -1: rejected)."""
+    ids: dict[tuple[str, int, str], int] = {}
+    boots = boot_ids or ["ingest"] * len(pos)
+    key = np.array(
+        [-1 if node is None or k in rejected else ids.setdefault((node, p.partition, b), len(ids))
+         for k, (node, p, b) in enumerate(zip(node_of, pos, boots, strict=True))],
+        dtype=np.int64,
+    )  # fmt: skip
+    members: list[list[int]] = [[] for _ in ids]
+    if len(ids) == 1:
+        members[0] = np.flatnonzero(key == 0).tolist()
+    elif ids:
+        order = np.argsort(key, kind="stable")
+        order = order[key[order] >= 0]
+        cuts = np.cumsum(np.bincount(key[order], minlength=len(ids)))[:-1]
+        members = [part.tolist() for part in np.split(order, cuts)]
+    return list(zip(ids, members, strict=True)), key
+
+
+def _order(key: np.ndarray, msg: np.ndarray) -> np.ndarray | None:
+    """The samples' order with each source's together, rejected messages' left out (None:
+    they already are)."""
+    place = key[msg]
+    if bool(np.all(place >= 0)) and bool(np.all(np.diff(place) >= 0)):
+        return None
+    rows = np.argsort(np.where(place < 0, len(key), place), kind="stable")
+    return rows[: int(np.count_nonzero(place >= 0))]
+
+
+def _take(points: Points, rows: np.ndarray) -> Points:
+    def pick(a: np.ndarray | None) -> np.ndarray | None:
+        return None if a is None else a[rows]
+
+    text = [points.text[i] for i in rows.tolist()] if points.text else None
+    return Points(points.series, points.gid[rows], points.ts[rows], points.value[rows],
+                  points.boot_id, pick(points.exact), pick(points.exact_ok), text)  # fmt: skip
+
+
+def _newest(ts: np.ndarray, counts: np.ndarray, append: np.ndarray) -> list[int]:
     """Each message's newest sample time (its arrival where it has none), at least 0."""
-    out = np.array([p.append_ns for p in pos], dtype=np.int64)
+    out = append.copy()
     nz = np.flatnonzero(counts)
     if nz.size:
         starts = np.concatenate([[0], np.cumsum(counts)[:-1]])

@@ -30,8 +30,8 @@ def _collectd(k: int, host: str | None = None) -> bytes:
     return json.dumps([vl]).encode()
 
 
-def _msgs(bodies: list[bytes], partition: int = 2) -> list[Message]:
-    return [(b, None, Position(partition, 100 + k, NOW + k, None)) for k, b in enumerate(bodies)]
+def _msgs(bodies: list[bytes], partition: int = 2, key: bytes | None = None) -> list[Message]:
+    return [(b, None, Position(partition, 100 + k, NOW + k, key)) for k, b in enumerate(bodies)]
 
 
 def _same_as_alone(topic: str, msgs: list[Message]) -> set[int]:
@@ -74,7 +74,7 @@ def test_a_poison_message_among_good_ones_is_rejected_alone(topic: str) -> None:
     bodies = [make(k) for k in range(12)]
     bodies[3] = b"cpu,host=h0 usage_user" if topic == "lp" else b'[{"values": [1]}]'
     bodies[7] = b"\xff\xfe not text" if topic == "lp" else b"[{not json"
-    msgs = _msgs(bodies)
+    msgs = _msgs(bodies, key=b"h0")  # keyed: a rejected message still names a node
     assert _same_as_alone(topic, msgs) == set(range(12)) - {3, 7}
     got = DEC.decode_many(topic, msgs)
     assert set(got.rejected) == {3, 7}
