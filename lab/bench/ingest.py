@@ -1,15 +1,17 @@
 """Decode and refine rates of each ingest adapter, in-process, per CPU-second.
 
-    python -m lab.bench.ingest [--seconds 2]
+    python -m lab.bench.ingest [--seconds 2] [--wave 300] [--hosts 100]
 
 For each foreign format a representative message (a node's worth of CPU and network
-series; dcgm-like exposition; one collectd value list per message as write_kafka sends) is
-decoded over and over (``decode``: :class:`schemas.ingest.IngestDecoder` alone), then a
-stream of such messages, each a second later, goes through :class:`Refiner` as the worker
-runs it (``refine``: decode, validate, dedupe, counters, clock, enrich, outputs), in groups
-of ``GROUP`` records, from 100 hosts (``--hosts``: the refiner refines one batch of a source
-per wave, so one host's consecutive records are refined one after the other). Rates are
-samples per CPU-second of this process (``process_time``).
+series; dcgm-like exposition; one line or one collectd value list per message, as Telegraf
+and write_kafka send them) is sent by ``--hosts`` hosts in turn. ``decode``: waves of
+``--wave`` such messages decoded as the worker decodes the records of an ingest topic
+partition it refines together (:meth:`schemas.ingest.IngestDecoder.decode_many`: line
+protocol and collectd in one pass for the wave, the others message by message), over and
+over after a first wave that warms the caches. ``refine``: a stream of such messages, each
+host's a second apart, through :class:`Refiner` as the worker runs it (decode, validate,
+dedupe, counters, clock, enrich, outputs) in groups of ``GROUP`` records (the first half
+warms the state). Rates are samples per CPU-second of this process (``process_time``).
 """
 
 from __future__ import annotations
