@@ -97,7 +97,7 @@ def _run_faust(
         web_host=args.web_host,
         data_dir=Path(args.data_dir) if args.data_dir else settings.home / "detect",
     )
-    app = build_detect_app(settings.kafka(), topics, detector, telemetry, cfg)
-    rc = run_worker(app, loglevel=args.loglevel)
-    print(f"detect: {app.refinery_detect.stats}", file=sys.stderr)  # type: ignore[attr-defined]
+    built = build_detect_app(settings.kafka(), topics, detector, telemetry, cfg)
+    rc = run_worker(built.app, loglevel=args.loglevel)
+    print(f"detect: {built.core.stats}", file=sys.stderr)
     return rc

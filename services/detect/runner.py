@@ -1,0 +1,242 @@
+"""Detect's runner: the agent's groups, the warm-up of newly assigned partitions, the tick, the
+final flush and ``/health``, around one :class:`~services.detect.core.DetectCore` (see
+:mod:`services.detect.agent` for the contract)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import faust
+from faust.types import TP
+
+from services.detect.core import DetectCore
+from services.detect.detector import Emitted
+from services.detect.warmup import warm_up
+from services.gc_pacer import GcPacer
+from services.kafka.feed import TopologyFeed
+from services.kafka.group import Progress, manual_acks, publish_acked
+from services.kafka.outputs import OutMessage, OutputProducer
+from services.kafka.watch import fetch_range
+from services.telemetry import ServiceTelemetry
+
+log = logging.getLogger(__name__)
+
+Partition = tuple[str, int]
+
+
+@dataclass(frozen=True)
+class DetectConfig:
+    group: str = "refinery-detect"  # the Faust app id, hence the consumer group
+    lookback_s: float = 600.0
+    idle_exit_s: float | None = None
+    web_port: int | None = None  # /health and /metrics on web_host (None: off)
+    web_host: str = "127.0.0.1"  # the bind address (a pod's IP where probes call it)
+    data_dir: Path = Path(".refinery/detect")
+    take_max: int = 500
+    take_within_s: float = 0.2
+    tick_s: float = 1.0
+    warmup_stall_s: float = 60.0  # warm-up reads nothing this long: crash
+    stall_after_s: float = 30.0  # /health: a group in flight this long is unhealthy
+    gc_settle_every_s: float = 600.0  # full garbage collections on this schedule (GcPacer)
+
+
+@dataclass
+class _State:
+    owned: set[Partition] = field(default_factory=set)
+    next_offset: dict[Partition, int] = field(default_factory=dict)  # next to feed
+    warmups: int = 0  # warm-ups under way
+    last_data: float = field(default_factory=time.monotonic)
+    flushed: bool = False
+    skipped: int = 0  # records at offsets already fed, or of partitions no longer owned
+    refetched: int = 0  # records after an offset jump, fetched directly
+
+
+class DetectRunner:
+    def __init__(
+        self,
+        app: faust.App,
+        conf: dict[str, Any],
+        core: DetectCore,
+        feed: TopologyFeed,
+        outputs: OutputProducer,
+        telemetry: ServiceTelemetry,
+        cfg: DetectConfig,
+    ) -> None:
+        self.app, self.conf, self.core, self.feed = app, conf, core, feed
+        self.outputs, self.telemetry, self.cfg = outputs, telemetry, cfg
+        self.state = _State()
+        self.progress = Progress()
+        # primed when the agent starts (the long first settle before any record waits), then
+        # again after the first group
+        self.gc_pacer = GcPacer(cfg.gc_settle_every_s)
+        self.lock = asyncio.Lock()  # one user of the detector at a time, outputs in order
+        self.ready = asyncio.Event()  # set while no warm-up is under way
+        self.inputs = set(core.topics.inputs)
+
+    async def _publish(self, messages: list[OutMessage]) -> None:
+        await publish_acked(self.app, self.outputs, messages)
+
+    def _high(self, p: int) -> int:
+        try:
+            h = self.app.consumer.highwater(TP(self.core.topics.refined, p))
+        except Exception:  # not assigned (any more), or not started
+            return -1
+        return -1 if h is None else int(h)
+
+    def _advanced(self, out: Emitted, now: int) -> Emitted:
+        wm = self.core.watermark(self._high)
+        if wm is not None:
+            out.extend(self.core.detector.advance(wm, now))
+        return out
+
+    async def run(self, stream: Any) -> None:
+        """The agent's body: per group, route its records to the detector, publish what came
+        out and wait for the acknowledgements; only then ack the records."""
+        progress, telemetry = self.progress, self.telemetry
+        if self.gc_pacer.prime():
+            telemetry.record("detect.gc_settle_s", self.gc_pacer.last_pause_s, unit="s")
+        async with manual_acks(stream, self.cfg.take_max, self.cfg.take_within_s) as groups:
+            async for events in groups:
+                await self.ready.wait()
+                progress.last_group_started = time.monotonic()
+                async with self.lock:
+                    with telemetry.span("detect.group", {"records": len(events)}):
+                        await self._publish(await self._route(events))  # derived records first
+                for ev in events:  # then Faust may commit the input
+                    await stream.ack(ev)
+                progress.groups += 1
+                progress.records += len(events)
+                progress.last_group_done = self.state.last_data = time.monotonic()
+                if self.gc_pacer.maybe():  # between groups: the one full collection it takes
+                    telemetry.record("detect.gc_settle_s", self.gc_pacer.last_pause_s, unit="s")
+
+    async def _route(self, events: list[Any]) -> list[OutMessage]:
+        """Feed a group of events to the detector; the records to publish."""
+        state, core = self.state, self.core
+        core.sync_topology(self.feed)
+        now = time.time_ns()
+        todo: list[tuple[str, int, int, bytes]] = []
+        for ev in events:
+            m = ev.message
+            tp = (m.topic, m.partition)
+            nxt = state.next_offset.get(tp)
+            if tp not in state.owned or (nxt is not None and m.offset < nxt):
+                state.skipped += 1
+                continue
+            if nxt is not None and m.offset > nxt:
+                for g in await self._fetch_between(m.topic, m.partition, nxt, m.offset):
+                    state.refetched += 1
+                    todo.append((m.topic, m.partition, g.offset(), g.value()))
+            todo.append((m.topic, m.partition, m.offset, m.value))
+            state.next_offset[tp] = m.offset + 1
+        # in a thread: a group's evaluation is one long Arrow call sequence, and the loop
+        # meanwhile serves fetches, sends, heartbeats and the web page
+        loop = asyncio.get_running_loop()
+        out = await loop.run_in_executor(None, core.route_group, todo, now)
+        return core.messages(self._advanced(out, now))
+
+    async def _fetch_between(self, topic: str, partition: int, start: int, end: int) -> list[Any]:
+        """Records ``[start, end)`` the stream never handed over (offsets are contiguous)."""
+        got: list[Any] = await asyncio.get_running_loop().run_in_executor(
+            None, fetch_range, self.conf, topic, partition, start, end
+        )
+        log.warning("%s[%d]: offsets %d..%d never reached the agent; fetched %d",
+                    topic, partition, start, end - 1, len(got))  # fmt: skip
+        return got
+
+    async def assigned(self, assigned: set[TP]) -> None:
+        """Partitions newly assigned are warmed up in the background (the rebalance
+        completes); the agent holds its records back until that is done."""
+        state = self.state
+        mine = {(tp.topic, tp.partition) for tp in assigned if tp.topic in self.inputs}
+        new = sorted(mine - state.owned)
+        state.owned = mine
+        for tp in list(state.next_offset):
+            if tp not in mine:
+                del state.next_offset[tp]
+        if not new:
+            return
+        self.ready.clear()
+        state.warmups += 1
+        keep = [p for t, p in mine if t == self.core.topics.refined and (t, p) not in new]
+        self.app.add_future(self._warm_up(new, keep))
+
+    async def _warm_up(self, parts: list[Partition], keep: list[int]) -> None:
+        loop, core, cfg = asyncio.get_running_loop(), self.core, self.cfg
+        try:
+            async with self.lock:
+                await loop.run_in_executor(None, self.feed.wait_caught_up, 60)
+                core.sync_topology(self.feed)
+                t0, n0 = time.monotonic(), core.stats["warmup"]
+                spans, out = await loop.run_in_executor(
+                    None, warm_up, self.conf, cfg.group, core, parts, keep, cfg.lookback_s,
+                    cfg.warmup_stall_s,
+                )  # fmt: skip
+                await self._publish(core.messages(out))
+                for s in spans:
+                    self.state.next_offset[(s.topic, s.partition)] = s.resume
+                log.info(
+                    "warm-up of %d partitions: %d records in %.1fs",
+                    len(spans), core.stats["warmup"] - n0, time.monotonic() - t0,
+                )  # fmt: skip
+        finally:
+            self.state.warmups -= 1
+        if self.state.warmups == 0:
+            self.state.last_data = time.monotonic()
+            self.ready.set()
+
+    async def tick(self) -> None:
+        """Advance to the watermark and run the time-driven checks; stop after
+        ``idle_exit_s`` without input."""
+        if not self.ready.is_set() or self.state.flushed:
+            return
+        async with self.lock:
+            self.core.sync_topology(self.feed)
+            now = time.time_ns()
+            out = self._advanced(Emitted(), now)  # the watermark first, then what it makes due
+            out.extend(self.core.detector.tick(now))
+            await self._publish(self.core.messages(out))
+        self.telemetry.gauge("detect.groups", self.progress.groups)
+        idle = time.monotonic() - self.state.last_data
+        if self.cfg.idle_exit_s is not None and idle > self.cfg.idle_exit_s:
+            log.info("no input for %.0fs: stopping", idle)
+            await self._flush()
+            signal.raise_signal(signal.SIGTERM)  # the worker's own clean stop
+
+    async def _flush(self) -> None:
+        if self.state.flushed:
+            return
+        self.state.flushed = True
+        await asyncio.wait_for(self.lock.acquire(), 10)
+        try:
+            await self._publish(self.core.messages(self.core.detector.flush()))
+        finally:
+            self.lock.release()
+
+    async def stopping(self) -> None:
+        """Publish what the detector still holds, and stop the topology feed."""
+        try:
+            await self._flush()
+        except Exception as e:  # stopping anyway; the next process warms up again
+            log.warning("detect: final flush not published: %s", e)
+        self.feed.stop()
+
+    def health(self) -> tuple[dict[str, Any], bool]:
+        """``/health``'s body, and whether detect is healthy (200; else 503)."""
+        progress, state = self.progress, self.state
+        ok = self.ready.is_set() and progress.healthy(self.cfg.stall_after_s)
+        body = {
+            "healthy": ok,
+            "warm": self.ready.is_set(),
+            "groups": progress.groups,
+            "records": progress.records,
+            "since_last_group_s": round(time.monotonic() - progress.last_group_done, 1),
+            "stats": {**self.core.stats, "skipped": state.skipped, "refetched": state.refetched},
+        }
+        return body, ok
