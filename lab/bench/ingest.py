@@ -53,6 +53,17 @@ class Adapter:
     format: str
     samples: int  # per message
     message: Callable[[int, int], bytes]  # (index, ts_ns) -> body
+    # messages a host sends at once, each interval: one-metric messages come as a host's
+    # whole set of series (Telegraf's flush, collectd's write_kafka per read), keyed by host
+    burst: int = 1
+
+    def sent(self, i: int, hosts: int, burst: int | None = None) -> tuple[int, int, int]:
+        """(host, the host's message index, its interval) of the ``i``-th message sent by
+        ``hosts`` hosts in turn, each ``burst`` (default: the adapter's) messages at once."""
+        b = self.burst if burst is None else burst
+        host = (i // b) % hosts
+        j = (i // (b * hosts)) * b + i % b
+        return host, j, j // b
 
 
 def _prom(i: int, ts: int) -> bytes:
@@ -134,24 +145,26 @@ def adapters() -> list[Adapter]:
     return [
         Adapter("prometheus", "prometheus", CPUS * len(STATES) + NETS, _prom),
         Adapter("influx", "influx", CPUS * len(STATES) + 2 * NETS, _influx),
-        Adapter("influx_one_line", "influx", len(STATES), _influx_one),
-        Adapter("collectd_one_value_list", "collectd_counters", 2, _collectd_one),
+        Adapter("influx_one_line", "influx", len(STATES), _influx_one, burst=CPUS),
+        Adapter("collectd_one_value_list", "collectd_counters", 2, _collectd_one, burst=NETS),
         Adapter("otlp_proto", "otlp", CPUS * len(STATES), otlp),
         Adapter("otlp_json", "otlp", CPUS * len(STATES), _otlp_json(otlp)),
     ]
 
 
-def decode_rate(a: Adapter, seconds: float, wave: int = GROUP, hosts: int = 100) -> float:
+def decode_rate(
+    a: Adapter, seconds: float, wave: int = GROUP, hosts: int = 100, burst: int | None = None
+) -> float:
     """Samples per CPU-second of :meth:`IngestDecoder.decode_many` on waves of ``wave``
     messages of ``a`` from ``hosts`` hosts, as the worker decodes the records of one
     partition it refines together."""
     dec = IngestDecoder({"t": a.format})
     now = time.time_ns()
-    msgs: list[Message] = [
-        (on_host(a.message(k // hosts, now), k % hosts), None,
-         Position(0, k, now, b"b%03d" % (k % hosts)))
-        for k in range(wave)
-    ]  # fmt: skip
+    msgs: list[Message] = []
+    for k in range(wave):
+        host, j, _ = a.sent(k, hosts, burst)
+        pos = Position(0, k, now, b"b%03d" % host)
+        msgs.append((on_host(a.message(j, now), host), None, pos))
     dec.decode_many("t", msgs)  # first sight of every series: warm
     n, t0 = 0, time.process_time()
     while time.process_time() - t0 < seconds:
@@ -161,15 +174,17 @@ def decode_rate(a: Adapter, seconds: float, wave: int = GROUP, hosts: int = 100)
     return n * a.samples / (time.process_time() - t0)
 
 
-def refine_rate(a: Adapter, messages: int, hosts: int = 100) -> float:
+def refine_rate(a: Adapter, messages: int, hosts: int = 100, burst: int | None = None) -> float:
     """Samples per CPU-second of :class:`Refiner` on ``messages`` of ``a`` from ``hosts``
-    hosts, each sending one a second (the first half warms the state)."""
+    hosts, each sending its burst of messages once a second (the first half warms the
+    state)."""
     start = time.time_ns() - (messages // hosts + 5) * SECOND
     recs = []
     for i in range(messages):
-        ts = start + (i // hosts) * SECOND
-        body = on_host(a.message(i // hosts, ts), i % hosts)
-        recs.append(RawRecord("t", 0, i, b"b%03d" % (i % hosts), body, [], ts // 1_000_000 + 2))
+        host, j, second = a.sent(i, hosts, burst)
+        ts = start + second * SECOND
+        body = on_host(a.message(j, ts), host)
+        recs.append(RawRecord("t", 0, i, b"b%03d" % host, body, [], ts // 1_000_000 + 2))
     topo = TopologyIndex([], [])
     refiner = Refiner(default_catalog(), OutputTopics(), lambda: topo, lambda _: None,
                       lambda _: None, ingest=IngestDecoder({"t": a.format}))  # fmt: skip
@@ -211,13 +226,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--messages", type=int, default=400, help="messages per refine rate")
     p.add_argument("--hosts", type=int, default=100, help="hosts sending them (100)")
     p.add_argument("--wave", type=int, default=GROUP, help=f"messages decoded at once ({GROUP})")
+    p.add_argument("--interleaved", action="store_true",
+                   help="hosts send one message each in turn, no bursts (worst case)")  # fmt: skip
     args = p.parse_args(argv)
-    print(f"decode: waves of {args.wave} messages from {args.hosts} hosts")
-    print(f"{'adapter':<26}{'samples/msg':>12}{'decode M/CPU-s':>16}{'refine M/CPU-s':>16}")
+    burst = 1 if args.interleaved else None
+    print(f"decode: waves of {args.wave} messages from {args.hosts} hosts"
+          f"{', interleaved' if args.interleaved else ''}")  # fmt: skip
+    print(f"{'adapter':<26}{'samples/msg':>12}{'burst':>6}{'decode M/CPU-s':>16}"
+          f"{'refine M/CPU-s':>16}")  # fmt: skip
     for a in adapters():
-        d = decode_rate(a, args.seconds, args.wave, args.hosts)
-        r = refine_rate(a, args.messages if a.samples > 64 else args.messages * 10, args.hosts)
-        print(f"{a.name:<26}{a.samples:>12}{d / 1e6:>16.3f}{r / 1e6:>16.3f}")
+        d = decode_rate(a, args.seconds, args.wave, args.hosts, burst)
+        n = args.messages if a.samples > 64 else args.messages * 10
+        r = refine_rate(a, n, args.hosts, burst)
+        b = 1 if burst else a.burst
+        print(f"{a.name:<26}{a.samples:>12}{b:>6}{d / 1e6:>16.3f}{r / 1e6:>16.3f}")
     return 0
 
 

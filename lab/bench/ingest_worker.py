@@ -6,7 +6,8 @@ worker (a subprocess, as deployed), its CPU seconds per refined sample.
 Topics are created under a fresh prefix. The worker's CPU (utime + stime from /proc) is
 counted from its first accounting record on, so start-up is left out. Adapters are those of
 :mod:`lab.bench.ingest`, sent by 100 hosts (one-line messages by 300), as a site's
-agents would send them.
+agents would send them: one-metric messages in each host's burst of its series (Telegraf's
+flush, a line per CPU; collectd's value list per interface), keyed by host.
 """
 
 from __future__ import annotations
@@ -44,8 +45,9 @@ def _backlog(bootstrap: str, topic: str, a: Adapter, n: int, hosts: int) -> None
     p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20})
     start = time.time_ns() - (n // hosts + 5) * SECOND
     for i in range(n):
-        body = a.message(i // hosts, start + (i // hosts) * SECOND)
-        p.produce(topic, on_host(body, i % hosts), key=b"b%03d" % (i % hosts))
+        host, j, second = a.sent(i, hosts)
+        body = a.message(j, start + second * SECOND)
+        p.produce(topic, on_host(body, host), key=b"b%03d" % host)
         p.poll(0)
     p.flush(60)
 
@@ -126,8 +128,9 @@ def freshness(bootstrap: str, a: Adapter, rate: float, seconds: float, hosts: in
             n, t0 = int(rate * seconds), time.monotonic()
             for k in range(n):
                 time.sleep(max(0.0, t0 + k / rate - time.monotonic()))
-                body = a.message(1 + k // hosts, time.time_ns())
-                p.produce(topic, on_host(body, k % hosts), key=b"b%03d" % (k % hosts))
+                host, j, _ = a.sent(k, hosts)
+                body = a.message(a.burst + j, time.time_ns())
+                p.produce(topic, on_host(body, host), key=b"b%03d" % host)
                 p.poll(0)
             p.flush(30)
             lat: list[int] = []
