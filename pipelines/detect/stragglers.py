@@ -13,8 +13,10 @@ Per instance (vectorized with ``group_by`` + ``join``)::
 Stragglers of one job are collapsed into a **straggler episode**: it fires as one
 :class:`~schemas.records.Alert` once ``min_collectives`` instances had stragglers, and
 resolves after ``quiet_ns`` of data time without any — one alert per (job, episode), not
-per collective. Its id is ``alert_id("nccl_straggler", "job/<job>", onset)``, stable across
-replays and restarts.
+per collective. A straggle on ranks the open episode never saw, after ``new_ranks_gap_ns``
+without any, is another incident (another rank's path, likely another cause): the open
+episode resolves where its straggle ended and a new one starts. Its id is
+``alert_id("nccl_straggler", "job/<job>", onset)``, stable across replays and restarts.
 
 Cause: each straggler rank maps to ``(node, gpu)`` through :class:`JobPlacement`, then to
 its NIC and leaf port through a :class:`PathLookup` (e.g. :class:`pipelines.refine.enrich.
@@ -55,6 +57,7 @@ class StragglerSettings:
     k: float = 3.0
     min_collectives: int = 3
     quiet_ns: int = 60_000_000_000
+    new_ranks_gap_ns: int = 15_000_000_000  # other ranks after this long: a new episode
     complete_after_ns: int = 10_000_000_000
     slack_ns: int = 5_000_000_000  # time join tolerance around episodes
 
@@ -152,7 +155,8 @@ class StragglerDetector:
                 self.buffer = rest.select(_BUF.names).cast(_BUF)
                 # instances a backlog releases at once may span several straggle episodes:
                 # judged in time order, each quiet gap resolving the one before
-                for part, starts in _quiet_parts(arrival_skew(whole, s), s.quiet_ns):
+                gap = min(s.quiet_ns, s.new_ranks_gap_ns)
+                for part, starts in _quiet_parts(arrival_skew(whole, s), gap):
                     out += self._resolve_quiet(starts, now_ns)
                     out += self._judge(part, episodes, now_ns, lineage or [])
         out += self._resolve_quiet(self.watermark, now_ns)
@@ -171,7 +175,7 @@ class StragglerDetector:
         g = late.group_by(_KEY).aggregate([("ts_ns", "min"), ("ts_ns", "max")])
         per_job = g.group_by(["job"]).aggregate([("ts_ns_min", "min"), ("op", "count")])
         ranks = late.group_by(["job", "rank"]).aggregate([("skew_ns", "max")])
-        out: list[Alert] = []
+        out: list[Alert] = self._split_on_new_ranks(g, ranks, now_ns)
         spans = {r["job"]: r for r in per_job.to_pylist()}
         for r in g.sort_by([("ts_ns_min", "ascending")]).to_pylist():
             js = self.jobs.setdefault(r["job"], JobStraggle(r["ts_ns_min"], r["ts_ns_max"]))
@@ -188,6 +192,23 @@ class StragglerDetector:
             js.collectives += int(span["op_count"])
             if js.firing is None and js.collectives >= self.settings.min_collectives:
                 out.append(self._fire(job, js, episodes, now_ns, lineage))
+        return out
+
+    def _split_on_new_ranks(self, g: pa.Table, ranks: pa.Table, now_ns: int) -> list[Alert]:
+        """Resolve each job's firing episode that this part's straggle does not continue:
+        only ranks it never saw, starting ``new_ranks_gap_ns`` or more after its last."""
+        onset = {r["job"]: r["ts_ns_min_min"] for r in
+                 g.group_by(["job"]).aggregate([("ts_ns_min", "min")]).to_pylist()}  # fmt: skip
+        late: dict[str, set[str]] = {}
+        for r in ranks.select(["job", "rank"]).to_pylist():
+            late.setdefault(r["job"], set()).add(str(r["rank"]))
+        out = []
+        for job, first in onset.items():
+            js = self.jobs.get(job)
+            if js is None or js.firing is None or late[job] & set(js.ranks):
+                continue
+            if first - js.last_ns >= self.settings.new_ranks_gap_ns:
+                out += self._resolve(job, js, now_ns)
         return out
 
     def explain(
@@ -269,14 +290,18 @@ class StragglerDetector:
     def _resolve_quiet(self, at_ns: int, now_ns: int) -> list[Alert]:
         out = []
         for job, js in list(self.jobs.items()):
-            if at_ns - js.last_ns <= self.settings.quiet_ns:
-                continue
-            del self.jobs[job]
-            if js.firing is not None:
-                f = Firing.from_dict(js.firing)
-                a = f.alert(RULE, f"job/{job}", AlertState.RESOLVED, js.last_ns, now_ns)
-                out.append(a.model_copy(update={"cause": f.evidence.get("cause")}))
+            if at_ns - js.last_ns > self.settings.quiet_ns:
+                out += self._resolve(job, js, now_ns)
         return out
+
+    def _resolve(self, job: str, js: JobStraggle, now_ns: int) -> list[Alert]:
+        """End ``job``'s episode where its straggle ended; its resolved record if it fired."""
+        del self.jobs[job]
+        if js.firing is None:
+            return []
+        f = Firing.from_dict(js.firing)
+        a = f.alert(RULE, f"job/{job}", AlertState.RESOLVED, js.last_ns, now_ns)
+        return [a.model_copy(update={"cause": f.evidence.get("cause")})]
 
     # --- state -----------------------------------------------------------------------------
 
@@ -301,8 +326,9 @@ _BUF = pa.schema(
 
 def _quiet_parts(t: pa.Table, quiet_ns: int) -> list[tuple[pa.Table, int]]:
     """``t`` (``arrival_skew`` rows) cut where its straggling instances leave a gap over
-    ``quiet_ns``: (rows, the part's first straggling instance's start) in time order, each
-    instance whole in one part; one part when there is no such gap."""
+    ``quiet_ns`` (a gap after which an episode may end): (rows, the part's first straggling
+    instance's start) in time order, each instance whole in one part; one part when there
+    is no such gap."""
     inst = t.group_by(_KEY).aggregate([("ts_ns", "min")])
     t = t.join(inst, _KEY, join_type="inner")
     late = pc.unique(t.filter(t["straggler"])["ts_ns_min"]).sort().to_numpy()

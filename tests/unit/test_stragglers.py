@@ -161,3 +161,25 @@ def test_a_backlog_released_at_once_is_judged_as_two_straggle_episodes() -> None
     assert got[0].id == got[1].id != got[2].id
     assert got[1].ends_ns is not None and got[1].ends_ns < T0 + 10 * S
     assert [(a.id, a.state) for a in got] == [(a.id, a.state) for a in live]
+
+
+def test_a_straggle_on_other_ranks_after_a_calm_spell_is_another_incident() -> None:
+    """Rail 3 straggles at 0-9 s, calm, then rail 1 at 40-49 s (less than the 60 s quiet
+    after the first): another rank's path, another incident, another alert with its own
+    cause; live and released at once alike. The same rail after the same calm continues
+    the episode."""
+    calm = collectives(range(10, 40, 5), None)
+    tabs = collectives(range(10)) + calm + collectives(range(40, 50), late_rail=1)
+    eps = storm() + storm(port="2", rail=1)
+    live = run(StragglerDetector([PLACEMENT], Topo()), tabs, eps)
+    assert [a.state.value for a in live] == ["firing", "resolved", "firing"], live
+    assert live[0].id == live[1].id != live[2].id
+    assert live[1].ends_ns is not None and live[1].ends_ns < T0 + 10 * S
+    assert live[0].cause is not None and live[0].cause.startswith("PFC storm on leaf-p0-r3 port 2")
+    assert live[2].cause is not None and live[2].cause.startswith("PFC storm on leaf-p0-r1 port 2")
+    assert set(live[2].evidence["ranks"]) == {"1", "5", "9", "13"}
+    bulk = StragglerDetector([PLACEMENT], Topo()).update(pa.concat_tables(tabs), eps, T0 + 50 * S)
+    assert [(a.id, a.state) for a in bulk] == [(a.id, a.state) for a in live]
+    same = collectives(range(10)) + calm + collectives(range(40, 50))
+    again = run(StragglerDetector([PLACEMENT], Topo()), same, eps)
+    assert [a.state.value for a in again] == ["firing"]
