@@ -35,7 +35,7 @@ from schemas.ingest.assemble import (
 )
 from schemas.ingest.mapping import Mapping, Target
 from schemas.reasons import Reason
-from schemas.wire import SAMPLES_SCHEMA, Batch, Envelope, SourceId
+from schemas.wire import SAMPLES_SCHEMA, SCHEMA_VERSION, Batch, Envelope, PayloadKind, SourceId
 
 
 @dataclass
@@ -55,8 +55,10 @@ class Unit:
         out, row = [], 0
         for m, n, sent in zip(self.members, self.counts, self.sent_ns, strict=True):
             env = Envelope.model_construct(
-                source=self.source, seq=positions[m].offset, sent_ns=sent
-            )
+                source=self.source, seq=positions[m].offset, sent_ns=sent,
+                schema_version=SCHEMA_VERSION, kind=PayloadKind.SAMPLES, interval_ns=None,
+                clock=None,
+            )  # fmt: skip
             out.append(Batch.model_construct(envelope=env, table=self.table.slice(row, n)))
             row += n
         return out
