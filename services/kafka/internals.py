@@ -1,5 +1,15 @@
-"""What the stream processors reach into aiokafka's internals for, in one place: a bound on the
-bytes one compressed record batch may inflate to.
+"""Every use of aiokafka's and Faust's internals, in one place, each with its reason (the
+section "Faust internals we rely on" of docs/operations.md weighs each against Faust's public
+settings and hooks):
+
+- :func:`install`: a bound on the bytes one compressed record batch may inflate to (aiokafka);
+- :func:`short_fetch_app`: a 50 ms fetch wait instead of Faust's fixed 1.5 s;
+- :func:`declare_gap`: offsets the stream dropped count as acked once a later one is;
+- :func:`set_without_changelog`: a table's state written without Faust sending its changelog
+  record (the worker sends it with its outputs);
+- :func:`producer_client`: the aiokafka client of Faust's producer, for its topic list.
+
+The bound on inflation (:func:`install`).
 
 Why: a producer compresses a record batch; the broker bounds its *compressed* size
 (``max.message.bytes``) and a consumer's fetch bounds bound what it fetches, but nothing bounds
@@ -21,8 +31,8 @@ fails if any of it moves):
   dead-letters each (reason ``oversized``) like any record it cannot accept, and the partition
   moves on: the offsets are delivered, so nothing is skipped and nothing stalls.
 
-aiokafka's fetch size bounds (``fetch_max_bytes``, ``max_partition_fetch_bytes``) are set in
-:mod:`services.kafka.faust_app` where the consumer is built.
+aiokafka's fetch size bound (``fetch_max_bytes``) is set by :func:`short_fetch_app` where the
+consumer is built.
 """
 
 from __future__ import annotations
@@ -291,8 +301,8 @@ def set_without_changelog(table: Any, key: bytes, value: bytes) -> str:
 
 
 def producer_client(app: Any) -> Any:
-    """The aiokafka client of the app's producer (created if need be), whose ``set_topics``
-    sets the topics whose metadata it keeps.
+    """The aiokafka client of the app's (started) producer, whose ``set_topics`` sets the
+    topics whose metadata it keeps.
 
     Why: aiokafka's producer asks for the metadata of every topic only until its first send to
     a topic it does not know; from then on only for the topics sent to since, and batches

@@ -1,0 +1,86 @@
+"""The Faust (0.15.3) and aiokafka internals services.kafka.internals relies on are still there
+and still do what it relies on: each test fails if an upgrade moves one. (The aiokafka
+record-batch bounds are checked by tests/security/test_kafka_bomb.py; the fetch wait the
+short-fetch app sets, by tests/unit/test_faust_app.py.)"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from pathlib import Path
+from typing import Any
+
+import faust
+import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.client import AIOKafkaClient
+from faust.exceptions import NotReady
+from faust.transport.drivers import aiokafka as faust_aiokafka
+from faust.types import TP, Message
+
+from services.kafka import internals
+from services.kafka.faust_app import App
+
+BROKER = "kafka://127.0.0.1:1"
+
+
+def _app(tmp_path: Path, name: str = "internals") -> faust.App:
+    return App(name, broker=BROKER, autodiscover=False, datadir=str(tmp_path), store="memory://")
+
+
+def test_the_short_fetch_app_overrides_hooks_faust_still_calls() -> None:
+    # the overridden methods exist in Faust and the fields are what aiokafka's start() reads
+    assert callable(faust.App._new_transport)
+    assert callable(faust_aiokafka.Consumer._new_consumer_thread)
+    assert callable(faust_aiokafka.AIOKafkaConsumerThread._create_worker_consumer)
+    assert faust_aiokafka.Transport.Consumer is faust_aiokafka.Consumer
+    start = inspect.getsource(AIOKafkaConsumer.start)
+    assert "self._fetch_max_wait_ms" in start and "self._fetch_max_bytes" in start
+
+
+def test_a_declared_gap_counts_as_acked_once_an_offset_after_it_is(tmp_path: Path) -> None:
+    consumer: Any = _app(tmp_path).consumer
+    tp = TP("t", 0)
+
+    async def committable(gap: bool) -> int | None:
+        consumer._acked[tp] = [10, 15]
+        consumer._gap.pop(tp, None)
+        if gap:
+            await internals.declare_gap(consumer, "t", 0, 11, 14)
+        got: int | None = consumer._new_offset(tp)
+        return got
+
+    assert asyncio.run(committable(gap=False)) == 11  # stops at the hole
+    assert asyncio.run(committable(gap=True)) == 16  # past the declared offsets
+
+
+def test_a_store_write_without_changelog_and_its_record_read_back_by_recovery(
+    tmp_path: Path,
+) -> None:
+    app = _app(tmp_path)
+    table: Any = app.Table("state", default=None, partitions=2, key_type=bytes, value_type=bytes)
+    topic = internals.set_without_changelog(table, b"k", b"blob")
+    assert topic == "internals-state-changelog"
+    assert table[b"k"] == b"blob"  # read through the table: the write is its state
+    # what Faust's recovery does with the record the worker sends (raw key and value, no
+    # headers): decoded by the changelog topic into an event, applied to the table
+    message = Message(topic, 1, 0, 0.0, 0, [], b"k2", b"blob2", None)
+
+    async def recover() -> None:
+        event = await table.changelog_topic.decode(message)
+        table.apply_changelog_batch([event])
+
+    asyncio.run(recover())
+    assert table[b"k2"] == b"blob2"
+
+
+def test_the_producer_client_is_aiokafkas_and_takes_a_topic_list(tmp_path: Path) -> None:
+    # Faust's producer holds aiokafka's, whose client keeps the list of topics it tracks
+    ensure = inspect.getsource(faust_aiokafka.Producer._ensure_producer)
+    assert "return self._producer" in ensure
+    assert "self.client = AIOKafkaClient(" in inspect.getsource(AIOKafkaProducer.__init__)
+    # set_topics replaces the tracked list and returns an awaitable metadata update
+    assert list(inspect.signature(AIOKafkaClient.set_topics).parameters) == ["self", "topics"]
+    assert "self._topics = set(topics)" in inspect.getsource(AIOKafkaClient.set_topics)
+    with pytest.raises(NotReady):  # before the app's producer starts
+        internals.producer_client(_app(tmp_path))
