@@ -1,8 +1,9 @@
 """What the worker checks on the cluster before it starts.
 
 The worker keeps each stream's state in the Faust tables' changelog topics, every record on
-the partition of the input record that changed it (``services.worker.app``): the changelog
-topics have as many partitions as the input topics they follow, fixed when they are created.
+the partition of the input record that changed it (``services.worker.checkpoints``): the
+changelog topics have as many partitions as the input topics they follow, fixed when they are
+created.
 An input topic whose partitions were raised since (as scaling out would suggest) sends a
 stream's records to a partition its state is not on, and changelog records to partitions the
 changelog topics lack: the worker refuses to start instead, saying what to do.
