@@ -229,7 +229,11 @@ def decode_collectd_many(
     fast = [
         k
         for k, b in enumerate(bodies)
-        if b[:2] == b"[{" and b[-2:] == b"}]" and b"\n" not in b and b"\r" not in b
+        if b[:2] == b"[{"
+        and b[-2:] == b"}]"
+        and b"\n" not in b
+        and b"\r" not in b
+        and b.count(b'"values"') == 1
     ]  # one value list on one line, as write_kafka writes it
     good = np.zeros(0, dtype=bool)
     cols: dict[str, Any] = {}

@@ -113,9 +113,11 @@ def test_a_content_type_that_disagrees_or_an_empty_value_is_rejected_alone() -> 
 def test_mixed_collectd_shapes_and_exact_counters_past_2_53() -> None:
     pretty = json.dumps(json.loads(_collectd(4)), indent=2).encode()  # not one line
     floats = json.dumps([{**json.loads(_collectd(5))[0], "values": [1.5, 2.25]}]).encode()
-    msgs = _msgs([_collectd(0), pretty, _collectd(1), floats, _collectd(2)])
-    assert _same_as_alone("cdc", msgs) == set(range(5))
+    two = json.dumps([json.loads(_collectd(6))[0], json.loads(_collectd(9))[0]]).encode()
+    msgs = _msgs([_collectd(0), pretty, _collectd(1), floats, _collectd(2), two])
+    assert _same_as_alone("cdc", msgs) == set(range(6))
     got = DEC.decode_many("cdc", msgs)
+    assert len(got.units) == 3  # one pass for all: the odd shapes one by one within it
     raws = [r for u in got.units for r in u.table.column("raw").to_pylist()]
     assert 2**60 + 1 in raws  # an integer counter stays exact past 2**53
 
