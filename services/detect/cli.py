@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from schemas.topics import TOPICS
 from services.heap import keep_heap
 from services.settings import RefinerySettings
 
@@ -70,7 +71,9 @@ def run(args: argparse.Namespace, settings: RefinerySettings) -> int:
     topics = DetectTopics.with_prefix(args.topic_prefix)
     rules = Path(args.rules) if args.rules else DEFAULT_RULES
     # a bad rule file stops here, before any engine starts (one line, exit 2)
-    detector = Detector(default_catalog(), rules, raw_topic=args.topic_prefix + "telemetry.raw")
+    detector = Detector(
+        default_catalog(), rules, raw_topic=TOPICS.with_prefix(args.topic_prefix).raw
+    )
     telemetry = ServiceTelemetry("detect", otlp_endpoint=settings.otlp_endpoint)
     keep_heap()
     try:

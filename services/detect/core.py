@@ -29,6 +29,7 @@ import pyarrow.compute as pc
 
 from pipelines.refine.enrich import TopologyIndex
 from schemas.codec import ipc_stream
+from schemas.topics import TOPICS, Topics
 from services.detect.detector import Detector, Emitted
 from services.kafka.feed import TopologyFeed
 from services.kafka.outputs import OutMessage
@@ -39,20 +40,26 @@ ARROW_HEADERS = [("content-type", b"application/vnd.apache.arrow.stream")]
 
 @dataclass(frozen=True)
 class DetectTopics:
-    refined: str = "telemetry.refined"
-    events: str = "telemetry.events.aligned"
-    collectives: str = "telemetry.collectives.aligned"
-    accounting: str = "telemetry.accounting"
-    topology: str = "topology"
-    jobs: str = "jobs"
-    alerts: str = "telemetry.alerts"
-    episodes: str = "telemetry.episodes"
-    rollups: str = "telemetry.rollups"
+    """What detect reads and writes (names from the catalog, :mod:`schemas.topics`)."""
+
+    refined: str = TOPICS.refined
+    events: str = TOPICS.events_aligned
+    collectives: str = TOPICS.collectives_aligned
+    accounting: str = TOPICS.accounting
+    topology: str = TOPICS.topology
+    jobs: str = TOPICS.jobs
+    alerts: str = TOPICS.alerts
+    episodes: str = TOPICS.episodes
+    rollups: str = TOPICS.rollups
+
+    @classmethod
+    def of(cls, t: Topics) -> DetectTopics:
+        return cls(t.refined, t.events_aligned, t.collectives_aligned, t.accounting,
+                   t.topology, t.jobs, t.alerts, t.episodes, t.rollups)  # fmt: skip
 
     @classmethod
     def with_prefix(cls, prefix: str) -> DetectTopics:
-        d = cls()
-        return cls(**{k: prefix + v for k, v in d.__dict__.items()})
+        return cls.of(TOPICS.with_prefix(prefix))
 
     @property
     def inputs(self) -> list[str]:
@@ -268,7 +275,7 @@ def _raw_topics(table: pa.Table) -> str | pa.Array:
     return col.combine_chunks()
 
 
-_RAW = "telemetry.raw"
+_RAW = TOPICS.raw
 
 
 def _json(record: Any) -> bytes:

@@ -29,6 +29,7 @@ from pipelines.detect.rules import RuleEngine
 from pipelines.detect.stragglers import PathLookup, StragglerDetector
 from schemas.catalog import Catalog
 from schemas.records import Alert, Episode, JobPlacement
+from schemas.topics import TOPICS
 
 DEFAULT_RULES = Path(__file__).resolve().parents[2] / "deploy" / "rules" / "default.yaml"
 FIRST_DATA_NS = 120_000_000_000  # how long held collectives wait for the first refined data
@@ -54,7 +55,7 @@ class Detector:
         catalog: Catalog,
         rules_path: Path = DEFAULT_RULES,
         topology: PathLookup | None = None,
-        raw_topic: str = "telemetry.raw",
+        raw_topic: str = TOPICS.raw,
         episodes: EpisodeSettings | None = None,
         rollups: RollupSettings | None = None,
         grace_ns: int = 3_000_000_000,

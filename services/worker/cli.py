@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from schemas.errors import ConfigError
+from schemas.topics import TOPICS
 from services.heap import keep_heap
 from services.settings import RefinerySettings
 
@@ -137,7 +138,7 @@ def _ingest_topics(
     if not specs and not asked:
         return ()
     md = AdminClient({**conf, "log_level": 3}).list_topics(timeout=15)
-    raw = md.topics.get(prefix + "telemetry.raw")
+    raw = md.topics.get(TOPICS.with_prefix(prefix).raw)
     want = len(raw.partitions) if raw is not None and raw.partitions else None
 
     def fits(name: str) -> bool:
@@ -194,31 +195,16 @@ def run(args: argparse.Namespace, settings: RefinerySettings) -> int:
     )
     kafka = settings.kafka()
     pre = args.topic_prefix
-    inputs = InputTopics(
-        *(
-            pre + t
-            for t in (
-                "telemetry.raw",
-                "telemetry.events",
-                "telemetry.collectives",
-                "topology",
-                "jobs",
-            )
-        )
-    )
+    cat = TOPICS.with_prefix(pre)
+    inputs = InputTopics(cat.raw, cat.events, cat.collectives, cat.topology, cat.jobs)
     inputs = replace(inputs, ingest=_ingest_topics(kafka.librdkafka(), pre, args.ingest))
     outputs = OutputTopics(
-        *(
-            pre + t
-            for t in (
-                "telemetry.refined",
-                "telemetry.events.aligned",
-                "telemetry.collectives.aligned",
-                "telemetry.deadletter",
-                "telemetry.accounting",
-                "telemetry.alerts",
-            )
-        )
+        cat.refined,
+        cat.events_aligned,
+        cat.collectives_aligned,
+        cat.deadletter,
+        cat.accounting,
+        cat.alerts,
     )
     conf = kafka.librdkafka()
     cfg = WorkerConfig(

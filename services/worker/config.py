@@ -6,16 +6,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipelines.refine.batch import RefineSettings
+from schemas.topics import TOPICS
 from services.worker.refiner import OutputTopics
 
 
 @dataclass(frozen=True)
 class InputTopics:
-    raw: str = "telemetry.raw"
-    events: str = "telemetry.events"
-    collectives: str = "telemetry.collectives"
-    topology: str = "topology"
-    jobs: str = "jobs"
+    raw: str = TOPICS.raw
+    events: str = TOPICS.events
+    collectives: str = TOPICS.collectives
+    topology: str = TOPICS.topology
+    jobs: str = TOPICS.jobs
     # ingest topics of foreign formats, (topic, format) (schemas.ingest): refined with raw
     ingest: tuple[tuple[str, str], ...] = ()
 

@@ -11,6 +11,7 @@ from pipelines.refine.clock import ClockEstimate
 from schemas.codec import content_type_of
 from schemas.errors import RejectedInput
 from schemas.records import DeadLetter, compact_json
+from schemas.topics import TOPICS
 from services.kafka.outputs import OutMessage
 
 
@@ -30,12 +31,12 @@ class RawRecord:
 
 @dataclass(frozen=True)
 class OutputTopics:
-    refined: str = "telemetry.refined"
-    events: str = "telemetry.events.aligned"
-    collectives: str = "telemetry.collectives.aligned"
-    deadletter: str = "telemetry.deadletter"
-    accounting: str = "telemetry.accounting"
-    alerts: str = "telemetry.alerts"
+    refined: str = TOPICS.refined
+    events: str = TOPICS.events_aligned
+    collectives: str = TOPICS.collectives_aligned
+    deadletter: str = TOPICS.deadletter
+    accounting: str = TOPICS.accounting
+    alerts: str = TOPICS.alerts
     # the largest message values the worker sends, below the producer's message.max.bytes
     # (32 MiB) and the broker's limit of each topic (deploy/topics.yaml: 32 MiB for refined,
     # 16 MiB for the aligned ones), with room for key and headers. An output over it is
