@@ -39,6 +39,7 @@ from schemas.ingest.many import Decoded, Unit, assemble_many
 from schemas.ingest.mapping import Mapping as SeriesMapping
 from schemas.ingest.mapping import load_mapping
 from schemas.ingest.otlp import decode_otlp
+from schemas.ingest.otlp_json import decode_otlp_json_many
 from schemas.ingest.prom import decode_prometheus
 from schemas.reasons import Reason
 from schemas.wire import Batch
@@ -165,7 +166,10 @@ class IngestDecoder:
                 ok.append(k)
             except RejectedInput as e:
                 rejected[k] = e
-        got = self._joined(fmt, bodies, [msgs[k][2] for k in ok]) if len(ok) > 1 else None
+        got = None
+        if len(ok) > 1:
+            media = {media_type(msgs[k][1]) for k in ok}
+            got = self._joined(fmt, bodies, [msgs[k][2] for k in ok], media)
         if got is None:
             got = self._one_by_one(topic, [msgs[k] for k in ok])
         for unit in got.units:
@@ -173,18 +177,25 @@ class IngestDecoder:
         rejected.update({ok[j]: e for j, e in got.rejected.items()})
         return Decoded(got.units, rejected)
 
-    def _joined(self, fmt: Format, bodies: list[bytes], pos: list[Position]) -> Decoded | None:
+    def _joined(
+        self, fmt: Format, bodies: list[bytes], pos: list[Position], media: set[str | None]
+    ) -> Decoded | None:
         """The messages read in one pass (None: not this format, or the pass failed)."""
         family = FAMILY.get(fmt)
+        boots = None
         try:
             if fmt is Format.INFLUX:
                 points, msg, bad = decode_influx_many(bodies)
             elif fmt in (Format.COLLECTD, Format.COLLECTD_COUNTERS):
                 points, msg, bad = decode_collectd_many(bodies, fmt is Format.COLLECTD)
+            elif fmt in (Format.OTLP, Format.OTLP_JSON) and media <= {None, JSON}:
+                points, msg, boots = decode_otlp_json_many(bodies)  # JSON ones only
+                bad = {}
             else:
                 return None
             assert family is not None
-            return assemble_many(points, msg, self.mapping(family), EXPORTER[family], pos, bad)
+            mapping = self.mapping(family)
+            return assemble_many(points, msg, mapping, EXPORTER[family], pos, bad, boots)
         except Exception:  # a value no number, a JSON block Arrow cannot read: one by one
             return None
 

@@ -128,3 +128,70 @@ def test_other_formats_decode_one_by_one_with_the_same_contract() -> None:
     got = DEC.decode_many("otlp", msgs)
     assert set(got.rejected) | {m for u in got.units for m in u.members} == {0, 1}
     assert got.rejected[1].reason is Reason.UNDECODABLE
+
+
+def _otlp_json(k: int, host: str, histogram: bool = False, ints_as_numbers: bool = False) -> bytes:
+    """An OTLP metrics request in the Collector's otlp_json spelling: a gauge, a cumulative
+    and a delta monotonic sum, a non-monotonic sum, int and double points."""
+    from google.protobuf import json_format
+    from opentelemetry.proto.metrics.v1 import metrics_pb2 as pb
+
+    data = pb.MetricsData()
+    rm = data.resource_metrics.add()
+    for key, v in (("host.name", host), ("service.name", "svc")):
+        a = rm.resource.attributes.add()
+        a.key, a.value.string_value = key, v
+    sm = rm.scope_metrics.add()
+    t = NOW + k * 10**9
+    for name, kind, delta, mono in (("system.cpu.utilization", "gauge", False, False),
+                                     ("system.network.io", "sum", False, True),
+                                     ("system.network.packets", "sum", True, True),
+                                     ("system.memory.usage", "sum", False, False)):  # fmt: skip
+        m = sm.metrics.add()
+        m.name = name
+        body = m.gauge if kind == "gauge" else m.sum
+        if kind == "sum":
+            m.sum.is_monotonic = mono
+            m.sum.aggregation_temporality = 1 if delta else 2
+        for d in range(3):
+            p = body.data_points.add()
+            p.time_unix_nano, p.start_time_unix_nano = t, NOW - 10**9 * (1 + k % 2)
+            a = p.attributes.add()
+            a.key, a.value.string_value = "device", f"eth{d}"
+            if d == 1:
+                a2 = p.attributes.add()
+                a2.key, a2.value.int_value = "cpu", d
+            if d == 2:
+                p.as_double = 1.5 + k
+            else:
+                p.as_int = 2**60 + k * 1000 + d
+    if histogram:
+        h = sm.metrics.add()
+        h.name = "rpc.duration"
+        hp = h.histogram.data_points.add()
+        hp.time_unix_nano, hp.count, hp.sum = t, 3, 1.5
+    text = json_format.MessageToJson(data, indent=None)
+    if ints_as_numbers:  # the Collector writes the temporality as a number
+        text = text.replace('"AGGREGATION_TEMPORALITY_DELTA"', "1").replace(
+            '"AGGREGATION_TEMPORALITY_CUMULATIVE"', "2")  # fmt: skip
+    return text.encode()
+
+
+@pytest.mark.parametrize("numbers", [False, True])
+def test_otlp_json_many_messages_read_in_one_pass_as_each_alone(numbers: bool) -> None:
+    msgs = _msgs([_otlp_json(k, f"h{k % 2}", ints_as_numbers=numbers) for k in range(8)])
+    assert _same_as_alone("otlp", msgs) == set(range(8))
+    got = DEC.decode_many("otlp", msgs)
+    # one unit per host and start time (boot id): the joined pass, not one by one
+    assert len(got.units) == 2
+    assert {u.source.boot_id for u in got.units} == {f"start-{NOW - 10**9}",
+                                                      f"start-{NOW - 2 * 10**9}"}  # fmt: skip
+
+
+def test_otlp_json_with_histograms_or_a_bad_message_still_decodes_each_as_alone() -> None:
+    bodies = [_otlp_json(k, "h0") for k in range(4)]
+    bodies[1] = _otlp_json(1, "h0", histogram=True)
+    bodies[2] = b'{"resourceMetrics": [{"scopeMetrics": 7}]}'
+    msgs = _msgs(bodies)
+    assert _same_as_alone("otlp", msgs) == {0, 1, 3}
+    assert DEC.decode_many("otlp", msgs).rejected[2].reason is Reason.UNDECODABLE
