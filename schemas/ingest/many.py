@@ -33,7 +33,7 @@ from schemas.ingest.assemble import (
     _raw,
     _source,
 )
-from schemas.ingest.mapping import Mapping, Target
+from schemas.ingest.mapping import Mapping
 from schemas.reasons import Reason
 from schemas.wire import SAMPLES_SCHEMA, SCHEMA_VERSION, Batch, Envelope, PayloadKind, SourceId
 
@@ -73,28 +73,75 @@ class Decoded:
     rejected: dict[int, RejectedInput]
 
 
+class _Names:
+    """Distinct strings by code, and as an Arrow array for a take."""
+
+    def __init__(self) -> None:
+        self.code: dict[str, int] = {}
+        self.names: list[str] = []
+        self._array: pa.Array | None = None
+
+    def of(self, name: str) -> int:
+        c = self.code.get(name)
+        if c is None:
+            c = self.code[name] = len(self.names)
+            self.names.append(name)
+            self._array = None
+        return c
+
+    def array(self) -> pa.Array:
+        if self._array is None:
+            self._array = pa.array(self.names, pa.string())
+        return self._array
+
+
+class _Resolved:
+    """Each series id's target as columns by id: metric, device and node as codes."""
+
+    def __init__(self, generation: int, mapping: Mapping) -> None:
+        self.generation, self.mapping = generation, mapping
+        self.done = np.zeros(0, dtype=bool)
+        self.factor = np.zeros(0, dtype=np.float64)
+        self.counter = np.zeros(0, dtype=bool)
+        self.metric = np.zeros(0, dtype=np.int64)
+        self.device = np.zeros(0, dtype=np.int64)
+        self.node = np.zeros(0, dtype=np.int64)  # -1: no node label
+        self.metrics, self.devices, self.nodes = _Names(), _Names(), _Names()
+
+    def grow(self, n: int) -> None:
+        extra = n - len(self.done)
+        if extra > 0:
+            self.done = np.concatenate([self.done, np.zeros(extra, dtype=bool)])
+            self.factor = np.concatenate([self.factor, np.zeros(extra)])
+            self.counter = np.concatenate([self.counter, np.zeros(extra, dtype=bool)])
+            for f in ("metric", "device", "node"):
+                setattr(self, f, np.concatenate([getattr(self, f), np.zeros(extra, np.int64)]))
+
+    def resolve(self, reg: SeriesRegistry, ids: np.ndarray) -> None:
+        self.grow(len(reg.keys))
+        for g in ids[~self.done[ids]].tolist():
+            t = self.mapping.resolve(reg.keys[g])
+            self.factor[g], self.counter[g] = t.factor, t.counter
+            self.metric[g] = self.metrics.of(t.metric)
+            self.device[g] = self.devices.of(t.device)
+            self.node[g] = self.nodes.of(t.node) if t.node else -1
+            self.done[g] = True
+
+
 class _Targets:
-    """The mapping's target of each series id of a registry, by id (one list index a
+    """The mapping's targets of a registry's series ids, as columns by id (a numpy index a
     series instead of hashing its key), for the registry's current generation."""
 
     def __init__(self) -> None:
-        self.by: dict[tuple[int, int], tuple[int, Mapping, list[Target | None]]] = {}
+        self.by: dict[tuple[int, int], _Resolved] = {}
 
-    def of(self, reg: SeriesRegistry, mapping: Mapping, ids: list[int]) -> list[Target]:
+    def of(self, reg: SeriesRegistry, mapping: Mapping, ids: np.ndarray) -> _Resolved:
         key = (id(reg), id(mapping))
         got = self.by.get(key)
-        if got is None or got[0] != reg.generation or got[1] is not mapping:
-            got = self.by[key] = (reg.generation, mapping, [])
-        known = got[2]
-        if len(known) < len(reg.keys):
-            known.extend([None] * (len(reg.keys) - len(known)))
-        out: list[Target] = []
-        for g in ids:
-            t = known[g]
-            if t is None:
-                t = known[g] = mapping.resolve(reg.keys[g])
-            out.append(t)
-        return out
+        if got is None or got.generation != reg.generation or got.mapping is not mapping:
+            got = self.by[key] = _Resolved(reg.generation, mapping)
+        got.resolve(reg, ids)
+        return got
 
 
 _TARGETS = _Targets()
@@ -165,14 +212,15 @@ def assemble_many(
     for k in np.flatnonzero(counts > MAX_ROWS).tolist():
         rejected[k] = RejectedInput(Reason.OVERSIZED, f"{int(counts[k])} samples > {MAX_ROWS}")
     uniq, inv = np.unique(points.gid, return_inverse=True)
-    targets = _TARGETS.of(points.series, mapping, uniq.tolist())
-    nodes = sorted({t.node for t in targets if t.node})
-    where = {n: i for i, n in enumerate(nodes)}
-    code_u = np.array([where[t.node] if t.node else -1 for t in targets], dtype=np.int64)
+    got = _TARGETS.of(points.series, mapping, uniq)
+    node_u = got.node[uniq]
+    used = np.unique(node_u[node_u >= 0])
+    code_u = np.searchsorted(used, node_u)  # a local code per node of the set
+    code_u[node_u < 0] = -1
+    nodes = [got.nodes.names[c] for c in used.tolist()]
     node_of, bad = _message_nodes(code_u[inv], msg, nodes, pos)
     rejected.update({k: e for k, e in bad.items() if k not in rejected})
-    factor_u = np.array([t.factor for t in targets], dtype=np.float64)
-    counter_u = np.array([t.counter for t in targets], dtype=bool)
+    factor_u, counter_u = got.factor[uniq], got.counter[uniq]
     append = np.array([p.append_ns for p in pos], dtype=np.int64)
     ts_all = np.where(points.ts < 0, append[msg], points.ts)
     sent = _newest(ts_all, counts, append)
@@ -186,12 +234,11 @@ def assemble_many(
     ok, raw, inexact = _raw(points, value, counter, factor)
     if inexact.any():
         for i in np.unique(inv[inexact]).tolist():
-            name = targets[i].metric
+            name = got.metrics.names[int(got.metric[uniq[i]])]
             INEXACT.inexact[name] = INEXACT.inexact.get(name, 0) + int((inv[inexact] == i).sum())
     value = np.where(ok, raw.astype(np.float64), value)
-    idx = pa.array(inv, pa.int32())
-    metric = pa.array([t.metric for t in targets], pa.string()).take(idx)
-    device = pa.array([t.device for t in targets], pa.string()).take(idx)
+    metric = got.metrics.array().take(pa.array(got.metric[uniq][inv], pa.int32()))
+    device = got.devices.array().take(pa.array(got.device[uniq][inv], pa.int32()))
     n = len(ts_all)
     text = pa.array(points.text, pa.string()) if points.text else pa.nulls(n, pa.string())
     table = pa.Table.from_arrays(
