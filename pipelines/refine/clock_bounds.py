@@ -128,15 +128,18 @@ class ExchangeLog:
     ``keep_ns`` (see :meth:`carried`). Pure: the caller hands it its wall and monotonic
     readings.
 
-    A step of the exporter's wall clock invalidates every exchange taken before it. The
-    log keeps each exchange's ``wall - monotonic`` (both run on the same oscillator, so it
-    moves only when the wall clock is stepped): an exchange whose send and ack disagree by
-    more than :data:`STEP_TOL_NS` is not kept, and a new one drops those it disagrees with.
-    :meth:`check` at send time drops them all when the clock stepped since."""
+    A step of the exporter's wall clock moves every offset by the step's size. The log keeps
+    each exchange's ``wall - monotonic`` (both run on the same oscillator, so it moves only
+    when the wall clock is stepped, by exactly the step): an exchange whose send and ack
+    disagree by more than :data:`STEP_TOL_NS` straddles a step and is not kept; the others
+    are carried onto the setting of the batch's stamps (their wall readings moved by the
+    step since), so a batch stamped right after a step is bounded as tightly as before it,
+    even while no new exchange can be had (a broker failover)."""
 
     keep_ns: int = 60_000_000_000
     newest: int = 3
     _items: list[tuple[Exchange, int]] | None = None  # (exchange, wall - monotonic at ack)
+    _skew: int | None = None  # wall - monotonic at the last check
 
     def add(self, exchange: Exchange, mono_sent_ns: int, mono_ack_ns: int) -> bool:
         """Keep ``exchange`` (its wall readings ``sent_ns``/``ack_ns`` were taken with the
@@ -144,33 +147,38 @@ class ExchangeLog:
         skew = exchange.ack_ns - mono_ack_ns
         if abs(skew - (exchange.sent_ns - mono_sent_ns)) > STEP_TOL_NS:
             return False
-        horizon = exchange.ack_ns - self.keep_ns
-        items = [
-            it
-            for it in self._items or []
-            if abs(it[1] - skew) <= STEP_TOL_NS and it[0].ack_ns >= horizon
-        ]
+        horizon = mono_ack_ns - self.keep_ns  # on the monotonic clock: steps move no age
+        items = [it for it in self._items or [] if it[0].ack_ns - it[1] >= horizon]
         items.append((exchange, skew))
         self._items = items[-256:]
         return True
 
     def check(self, wall_ns: int, mono_ns: int) -> None:
-        """Drop every exchange when the wall clock stepped since the newest was taken."""
-        if self._items and abs(self._items[-1][1] - (wall_ns - mono_ns)) > STEP_TOL_NS:
-            self._items = None
+        """The wall clock's setting now (``wall - monotonic``): what :meth:`carried` maps
+        the exchanges onto when given no setting of its own."""
+        self._skew = wall_ns - mono_ns
 
     def carried(self, partition: int | None = None, skew: int | None = None) -> list[Exchange]:
         """What a batch carries: on ``partition`` (None: the newest exchange's), the
-        newest ``newest`` exchanges and the tightest of the rest, at most :data:`CARRIED`.
-        ``skew``: the ``wall - monotonic`` when the batch's rows were stamped, when known;
-        only exchanges taken on the same setting of the wall clock then (rows stamped
-        before a step and sent after it are bounded by the exchanges before it)."""
-        items = [e for e, k in self._items or [] if skew is None or abs(k - skew) <= STEP_TOL_NS]
-        if not items:
+        newest ``newest`` exchanges and the tightest of the rest, at most :data:`CARRIED`,
+        each on the setting ``skew`` of the wall clock (``wall - monotonic`` when the
+        batch's rows were stamped; None: at the last :meth:`check`, else as taken)."""
+        if not self._items:
             return []
+        skew = self._skew if skew is None else skew
+        items = [_on_setting(e, k, skew) for e, k in self._items]
         part = items[-1].partition if partition is None else partition
         mine = [e for e in items if e.partition == part]
         recent = mine[-self.newest :]
         rest = mine[: -self.newest] if len(mine) > self.newest else []
         extra = sorted(rest, key=lambda e: e.width)[: max(0, CARRIED - len(recent))]
         return sorted(extra + recent, key=lambda e: e.sent_ns)
+
+
+def _on_setting(e: Exchange, taken: int, skew: int | None) -> Exchange:
+    """``e``, taken with the wall clock at ``wall - monotonic = taken``, as its wall
+    readings would be on the setting ``skew`` (None or within :data:`STEP_TOL_NS`: as is)."""
+    if skew is None or abs(skew - taken) <= STEP_TOL_NS:
+        return e
+    step = skew - taken
+    return Exchange(e.sent_ns + step, e.append_ms, e.ack_ns + step, e.partition)

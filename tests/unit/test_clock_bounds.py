@@ -152,16 +152,24 @@ def test_intervals_intersect_over_time_and_a_round_trip_sets_the_width() -> None
     assert hi - lo <= 1_500_000 + 2 * STEP_TOL_NS + 2 * 201 * 1_000
 
 
-def test_a_step_seen_by_the_exporter_drops_the_older_exchanges() -> None:
+def test_a_step_seen_by_the_exporter_carries_the_older_exchanges_onto_the_new_setting() -> None:
+    """The clock steps +2 s and no exchange can be had after it (a broker failover): the
+    exchanges of before, moved by the step the exporter measured against its monotonic
+    clock, still bound the new offset tightly; one straddling the step is left out."""
     w = World(0, 0.0, [(T0 + 5 * S + 1, 2 * S)])
     log = ExchangeLog()
     for i in range(5):
         log.add(*_exchange(w, T0 + i * S, 100_000, 100_000))
+    assert not log.add(*_exchange(w, T0 + 5 * S - 50_000, 100_000, 100_000))  # straddles
     log.check(w.wall(T0 + 6 * S), w.mono(T0 + 6 * S))
-    assert log.carried() == []
+    lo, hi, used = hard_interval(log.carried(), w.wall(T0 + 6 * S)) or (0, 0, 0)
+    assert used == 4 and lo <= 2 * S <= hi and hi - lo < 3 * MS
+    # a batch stamped before the step (its setting given) gets them as taken
+    lo, hi, _ = hard_interval(log.carried(skew=0), w.wall(T0 + 5 * S)) or (0, 0, 0)
+    assert lo <= 0 <= hi and hi - lo < 3 * MS
     log.add(*_exchange(w, T0 + 6 * S, 100_000, 100_000))
     lo, hi, _ = hard_interval(log.carried(), w.wall(T0 + 7 * S)) or (0, 0, 0)
-    assert lo <= 2 * S <= hi
+    assert lo <= 2 * S <= hi and hi - lo < 3 * MS
 
 
 def test_intervals_that_disagree_keep_the_newest() -> None:
