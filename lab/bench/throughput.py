@@ -50,6 +50,11 @@ class Ceiling:
     kept: list[RawRecord]
 
 
+# no goal: one worker's share of a plain consumer's ceiling is watched for regressions;
+# throughput scales out by partitions and worker processes
+RATIO_NOTE = "watched for regressions; scale-out is by partitions and processes"
+
+
 def read_ceiling(k: BenchKafka, topic: str, expect: int, timeout: float) -> Ceiling:
     """One plain consumer in this process reads and decodes every record of ``topic``."""
     n = samples = 0
@@ -282,10 +287,10 @@ def bench_worker_throughput(
               note="groups ending in the second half of the run" if t_span > 0
               else "too few groups for a second half: whole run")  # fmt: skip
         if ceil is not None:
-            r.add("worker_steady_to_ceiling_ratio", steady / ceil_rate, "x", ">=", 0.5)
+            r.add("worker_steady_to_ceiling_ratio", steady / ceil_rate, "x", note=RATIO_NOTE)
     r.add("worker_cpu_s_per_million", w_cpu / max(w_samples, 1) * 1e6, "CPU-s/M samples")
     if ceil is not None:
-        r.add("worker_to_ceiling_ratio", w_rate / ceil_rate, "x", ">=", 0.5)
+        r.add("worker_to_ceiling_ratio", w_rate / ceil_rate, "x", note=RATIO_NOTE)
     r.add("worker_records_accounted_share", n / raw_records, "x", note="1.0: all refined")
     r.details.update(
         {
