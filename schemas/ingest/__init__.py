@@ -149,9 +149,10 @@ class IngestDecoder:
     def decode_many(self, topic: str, msgs: list[Message]) -> Decoded:
         """The records ``msgs`` of one foreign-format ``topic`` at once: one
         :class:`~schemas.ingest.many.Unit` per source, each message in one unit or rejected
-        alone with its reason, exactly as :meth:`decode` would say of it. Line protocol and
-        collectd are read in one pass for all; a set that pass cannot read is decoded
-        message by message, as is every other format. Raises nothing."""
+        alone with its reason, exactly as :meth:`decode` would say of it. Line protocol,
+        collectd and OTLP JSON are read in one pass for all; a set that pass cannot read
+        is decoded message by message, as are Prometheus text and OTLP protobuf. Raises
+        nothing."""
         fmt = self.formats.get(topic, Format.REFINERY)
         rejected: dict[int, RejectedInput] = {}
         bodies: list[bytes] = []
