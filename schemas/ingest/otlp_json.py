@@ -134,6 +134,9 @@ class _Known:
     wave's distinct texts up in one Arrow call."""
 
     def __init__(self) -> None:
+        self._clear()
+
+    def _clear(self) -> None:
         self.gen = -1
         self.texts: list[str] = []
         self.ids: list[int] = []
@@ -142,7 +145,7 @@ class _Known:
 
     def lookup(self, distinct: pa.Array) -> np.ndarray:
         if self.gen != _REG.generation or len(self.texts) > _REG.limit:
-            self.__init__()  # type: ignore[misc]
+            self._clear()
             self.gen = _REG.generation
         if self.array is None or len(self.array) != len(self.texts):
             self.array = pa.array(self.texts, pa.string())
