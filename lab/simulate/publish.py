@@ -196,7 +196,8 @@ class _Publisher:
             return
         # the node's wall - monotonic when the batch was stamped: exchanges on that setting
         clocks, t = self.sim.clocks, msg.sent_true_ns
-        carried = log.carried(skew=_node_offset(clocks, i, t) - _node_offset(clocks, i, t, False))
+        skew = _node_offset(clocks, i, t) - _node_offset(clocks, i, t, False)
+        carried = log.for_batch(env.source.key(), skew=skew)
         if not carried:
             return
         clock = env.clock or ClockBlock(source="none")

@@ -25,7 +25,7 @@ whose clock differs from the previous one's), only the newest exchange is kept.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 MS = 1_000_000
 DRIFT_PPM = 200.0
@@ -140,6 +140,8 @@ class ExchangeLog:
     newest: int = 3
     _items: list[tuple[Exchange, int]] | None = None  # (exchange, wall - monotonic at ack)
     _skew: int | None = None  # wall - monotonic at the last check
+    # per source of the batches: the setting its last batch was given exchanges on
+    _batch_skews: dict[str, int] = field(default_factory=dict)
 
     def add(self, exchange: Exchange, mono_sent_ns: int, mono_ack_ns: int) -> bool:
         """Keep ``exchange`` (its wall readings ``sent_ns``/``ack_ns`` were taken with the
@@ -157,6 +159,25 @@ class ExchangeLog:
         """The wall clock's setting now (``wall - monotonic``): what :meth:`carried` maps
         the exchanges onto when given no setting of its own."""
         self._skew = wall_ns - mono_ns
+
+    def for_batch(
+        self, source: str, partition: int | None = None, skew: int | None = None
+    ) -> list[Exchange]:
+        """What the next batch of ``source`` carries (:meth:`carried`); its first batch
+        after a step of the wall clock (its rows stamped on either setting: the step came
+        since its batch before) carries them widened over both settings, the new and the
+        one before, so every row of it is inside, however wide."""
+        skew = self._skew if skew is None else skew
+        out = self.carried(partition, skew)
+        if skew is None:
+            return out
+        before = self._batch_skews.get(source)
+        self._batch_skews[source] = skew
+        if before is None or abs(skew - before) <= STEP_TOL_NS:
+            return out
+        step = skew - before  # the earlier setting: every exchange moved back by the step
+        lo, hi = min(0, -step), max(0, -step)
+        return [Exchange(e.sent_ns + lo, e.append_ms, e.ack_ns + hi, e.partition) for e in out]
 
     def carried(self, partition: int | None = None, skew: int | None = None) -> list[Exchange]:
         """What a batch carries: on ``partition`` (None: the newest exchange's), the

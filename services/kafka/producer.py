@@ -191,7 +191,7 @@ class BatchProducer:
         """``envelope`` whose clock block (one with source ``none`` when it has none) carries
         the recent exchanges; as it is while there are none."""
         self.exchanges.check(*clock_pair())
-        carried = self.exchanges.carried()
+        carried = self.exchanges.for_batch(envelope.source.key())
         if not carried:
             return envelope
         clock = envelope.clock or ClockBlock(source="none")

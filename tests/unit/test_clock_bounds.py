@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -88,23 +89,25 @@ def test_true_offset_inside_the_hard_interval(
     w, sends = run
     log = ExchangeLog()
     pending: list[tuple[int, tuple[Exchange, int, int]]] = []
+    prev = T0
     for t, d_app, d_ack, back in sends:
         # acks that arrived before this send join the log first
         for done in [p for p in pending if p[0] <= t]:
             log.add(*done[1])
             pending.remove(done)
         log.check(w.wall(t), w.mono(t))
-        carried = log.carried()
+        carried = log.for_batch("s")
         # every row stamped up to ``back`` before the send, on the source's clock then
-        for t_row in (t - back, t):
-            if any(t_row < at <= t for at, _ in w.steps):
-                continue  # a row stamped before a step the exchanges after it do not know
+        for t_row in (t - back, max(prev, t - back // 2), t):
+            if t_row < prev and any(t_row < at <= t for at, _ in w.steps):
+                continue  # stamped before the batch before, across a step: no batch's row
             hard = hard_interval(carried, w.wall(t_row))
             if hard is not None:
                 lo, hi, _ = hard
                 assert lo <= w.offset(t_row) <= hi
         ex = _exchange(w, t, d_app, d_ack)
         pending.append((t + d_app + d_ack, ex))
+        prev = t
 
 
 @settings(max_examples=200, deadline=None)
@@ -170,6 +173,32 @@ def test_a_step_seen_by_the_exporter_carries_the_older_exchanges_onto_the_new_se
     log.add(*_exchange(w, T0 + 6 * S, 100_000, 100_000))
     lo, hi, _ = hard_interval(log.carried(), w.wall(T0 + 7 * S)) or (0, 0, 0)
     assert lo <= 2 * S <= hi and hi - lo < 3 * MS
+
+
+@pytest.mark.parametrize("step", [2 * S, -7 * S])
+def test_the_first_batch_after_a_step_is_bounded_over_both_settings(step: int) -> None:
+    """Rows of the first batch of a source after a step were stamped on either setting: its
+    exchanges cover both (every row inside, the bound as wide as the step); the source's
+    next batch, stamped after the step, is tight again. Another source's first batch after
+    the step is widened too."""
+    w = World(0, 0.0, [(T0 + 5 * S + 1, step)])
+    log = ExchangeLog()
+    for i in range(5):
+        log.add(*_exchange(w, T0 + i * S, 100_000, 100_000))
+        log.check(w.wall(T0 + i * S), w.mono(T0 + i * S))
+        for src in ("a", "b"):
+            log.for_batch(src)
+    t = T0 + 6 * S
+    log.check(w.wall(t), w.mono(t))
+    first = log.for_batch("a")
+    for t_row in (T0 + 5 * S - 10 * MS, T0 + 5 * S + 10 * MS):  # before and after the step
+        lo, hi, _ = hard_interval(first, w.wall(t_row)) or (0, 0, 0)
+        assert lo <= w.offset(t_row) <= hi
+    assert hi - lo >= abs(step)
+    lo, hi, _ = hard_interval(log.for_batch("a"), w.wall(t)) or (0, 0, 0)
+    assert lo <= step <= hi and hi - lo < 3 * MS
+    lo, hi, _ = hard_interval(log.for_batch("b"), w.wall(t)) or (0, 0, 0)
+    assert lo <= 0 and step <= hi
 
 
 def test_intervals_that_disagree_keep_the_newest() -> None:
