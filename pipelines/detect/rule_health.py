@@ -15,9 +15,12 @@ source's partition has *reached* the newest accounted append time when every acc
 of its node has been read refined; otherwise the append time of its node's newest row read. A
 source is silent when that is more than ``intervals`` of its intervals past its own newest
 record: records were appended to its partition, refined and read meanwhile, none of them its
-own. Neither the wall clock nor any source's (possibly wrong) clock enters, so a refiner that
-is behind, restarting or catching up, a refined partition read ahead of another, or a clock
-that jumps, makes nobody silent. A partition with no record at all judges nobody (the
+own; a pause of the partition's appends longer than two of the source's intervals (a leader
+failover: nobody's records were appended, then all producers' queued ones at once) restarts
+the count when the partition resumes. Neither the wall clock nor any source's (possibly
+wrong) clock enters, so a refiner that is behind, restarting or catching up, a refined
+partition read ahead of another, a leader failover, or a clock that jumps, makes nobody
+silent. A partition with no record at all judges nobody (the
 freshness rule reports a pipeline gone quiet). Without any accounting (an engine fed refined
 rows only) silence falls back to data time: the engine's ``now`` against the source's newest
 aligned ts.
@@ -78,6 +81,9 @@ class NodeProgress:
     refined: int = -1  # newest raw offset of its refined rows read
 
 
+GAP_NS = 1_000_000_000  # pauses of a partition's appends kept (PartitionProgress.gaps)
+
+
 @dataclass
 class PartitionProgress:
     """One raw partition as far as the engine has read it: the broker append time of each raw
@@ -87,6 +93,9 @@ class PartitionProgress:
     offsets: list[int] = field(default_factory=list)
     appends: list[int] = field(default_factory=list)
     cap: int = 100_000
+    # (last append before, first append after) of each pause of the partition's appends
+    # longer than GAP_NS (a leader failover, an outage, an idle spell), the newest last
+    gaps: list[tuple[int, int]] = field(default_factory=list)
 
     def accounted(self, offset: int, append_ns: int) -> None:
         """The refiner accounted for the record at ``offset``, appended at ``append_ns``.
@@ -97,6 +106,9 @@ class PartitionProgress:
         if self.appends and append_ns == self.appends[-1]:
             self.offsets[-1] = offset
             return
+        if self.appends and append_ns - self.appends[-1] > GAP_NS:
+            self.gaps.append((self.appends[-1], append_ns))
+            del self.gaps[: -self.cap // 100]
         self.offsets.append(offset)
         self.appends.append(append_ns)
         if len(self.offsets) > self.cap:
@@ -104,6 +116,16 @@ class PartitionProgress:
 
     def newest_ns(self) -> int | None:
         return self.appends[-1] if self.appends else None
+
+    def resumed(self, since_ns: int, longer_than_ns: int) -> int:
+        """When the partition last resumed, after ``since_ns``, from a pause of its appends
+        longer than ``longer_than_ns``; ``since_ns`` when it did not pause so long since."""
+        for before, after in reversed(self.gaps):
+            if after <= since_ns:
+                break
+            if after - max(before, since_ns) > longer_than_ns:
+                return after
+        return since_ns
 
     def append_of(self, offset: int) -> int | None:
         """Append time of the record at ``offset`` (of an older one than those kept: the
@@ -248,6 +270,7 @@ def _quiet(
     progress: dict[tuple[str, int], PartitionProgress],
     nodes: dict[tuple[str, str], NodeProgress],
     now_ns: int,
+    interval_ns: int = 0,
 ) -> tuple[int, int] | None:
     """(how long the source has been quiet, since when) on its partition's progress in broker
     time (see the module); on data time when no accounting was ever read (``progress``
@@ -264,7 +287,11 @@ def _quiet(
     last = pp.append_of(st.offset)
     if reached is None or last is None:
         return None
-    return reached - last, last
+    # a partition that took nothing from anyone for longer than two of the source's
+    # intervals was down (a leader failover) or idle: its producers' queued records come in
+    # a burst after it, the source's among them; its silence counts from then
+    start = pp.resumed(last, 2 * interval_ns) if interval_ns else last
+    return reached - start, last
 
 
 def tick_silent(
@@ -286,7 +313,7 @@ def tick_silent(
             interval = rule.interval_ns or st.interval_ns
             if not interval or book.is_firing(rule.name, src):
                 continue
-            q = _quiet(src, st, progress, nodes or {}, now_ns)
+            q = _quiet(src, st, progress, nodes or {}, now_ns, interval)
             if q is None:
                 continue
             quiet, since = q

@@ -279,3 +279,58 @@ def test_an_ingest_topics_offsets_are_its_own() -> None:
     assert [(a.rule, a.entity, a.state.value) for a in out] == [
         ("exporter_silent", "n1|influx|0", "firing")
     ]
+
+
+def test_a_leader_failover_silences_nobody_and_a_real_stop_after_it_fires() -> None:
+    """Nodes n1 and n2 share raw partition 0, one batch a second each. The partition's
+    leader fails for 10 s: nothing is appended, then every queued batch at once, n2's first;
+    read up to n2's burst, n1 is not silent (the partition took nobody's records meanwhile).
+    Later n1 stops while n2 goes on: n1 is silent after three intervals."""
+    from pipelines.detect.rule_config import load_rules
+    from pipelines.detect.rules import RuleEngine
+    from services.detect.detector import DEFAULT_RULES
+
+    cat = default_catalog()
+    e = RuleEngine(load_rules(DEFAULT_RULES, cat), cat, raw_topic="telemetry.raw")
+    off = 0
+    out: list[Any] = []
+
+    def batch(node: str, sec: int, append_ns: int) -> None:
+        nonlocal off, out
+        off += 1
+        e.on_progress(0, off, append_ns, node, True, "telemetry.raw")
+        row = {
+            "node": node,
+            "device": "node",
+            "metric": "mem.available_bytes",
+            "ts": T0 + sec * S,
+            "value": 5e11 + sec,
+            "exporter": "node",
+            "seq": sec,
+            "raw_partition": 0,
+            "raw_offset": off,
+            "raw_topic": "telemetry.raw",
+        }
+        out += e.evaluate(refined([row]), append_ns)
+
+    for sec in range(20):
+        batch("n1", sec, T0 + sec * S)
+        batch("n2", sec, T0 + sec * S + S // 2)
+        out += e.tick(T0 + sec * S + S // 2)
+    resume = T0 + 30 * S
+    for sec in range(20, 30):  # n2's queued batches, appended at once
+        batch("n2", sec, resume)
+    out += e.tick(resume)
+    assert out == []  # read up to n2's burst: n1's own come next
+    for sec in range(20, 30):
+        batch("n1", sec, resume + 1_000_000)
+    out += e.tick(resume + 1_000_000)
+    for sec in range(30, 45):  # n1 stops after 34
+        if sec < 35:
+            batch("n1", sec, T0 + sec * S)
+        batch("n2", sec, T0 + sec * S + S // 2)
+        out += e.tick(T0 + sec * S + S // 2)
+    assert [(a.rule, a.entity, a.state.value) for a in out] == [
+        ("exporter_silent", "n1|node|0", "firing")
+    ]
+    assert out[0].starts_ns == T0 + 34 * S
