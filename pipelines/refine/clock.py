@@ -86,6 +86,7 @@ from pipelines.refine.clock_hull import (
     gap_stats,
     hull_push,
     hull_scatter,
+    hull_without_first,
     slope_at,
     slopes_at,
     upper_hull,
@@ -141,9 +142,10 @@ class ClockEstimator:
     # before: ~170 µs of the ~230 µs an estimate took with 256 points.
     _hull: list[tuple[int, int]] | None = field(default=None, repr=False, compare=False)
     _xsum: int | None = field(default=None, repr=False, compare=False)
-    # neighbouring points whose x does not increase (equal x; a restart keeps its step
-    # candidates in arrival order): the hull is not kept up to date while there are any (the
-    # monotone chain's vertices then depend on the order)
+    # neighbouring points whose x decreases (a restart keeps its step candidates in arrival
+    # order): the hull is not kept up to date while there are any. Equal x (a burst sent at
+    # one time) keeps it: the chain's vertices then depend on the points' order, and
+    # :func:`hull_without_first` rebuilds as far as that can matter.
     _unordered: int | None = field(default=None, repr=False, compare=False)
     # the points packed as int64 pairs (points come at the right and leave at the left): for
     # the gap statistics and the checkpoint, packed anew only when the points were replaced
@@ -209,9 +211,6 @@ class ClockEstimator:
             self._pack.invalidate()
         else:
             p = (x, y)
-            if self._unordered is not None and self.points and self.points[-1][0] == x:
-                self._unordered += 1
-                self._hull = None
             self.points.append(p)
             self._pack.append(p)
             if self._hull is not None:
@@ -242,35 +241,24 @@ class ClockEstimator:
         self._pack.invalidate()
 
     def _drop_first(self, gone: tuple[int, int]) -> None:
-        """Update the caches for the first point leaving the window. The first point is
-        always the hull's first vertex; without it the hull up to its second vertex ``h1`` is
-        rebuilt from the points up to ``h1`` (all of them lay on or below the edge to ``h1``,
-        so the turn at ``h1`` stays convex) and the vertices after ``h1`` stay."""
+        """Update the caches for the first point leaving the window (the hull's first
+        vertex: the chain never pops its bottom); the hull is rebuilt from the left only as
+        far as it changes (see :func:`hull_without_first`)."""
         if self._xsum is not None:
             self._xsum -= gone[0]
         self._pack.drop_first()
-        if self._unordered is not None and self.points and self.points[0][0] <= gone[0]:
+        if self._unordered is not None and self.points and self.points[0][0] < gone[0]:
             self._unordered -= 1
-        hull = self._hull
-        if hull is None:
-            return
-        self._hull = None
-        if len(hull) < 2 or hull[0] is not gone:
-            return  # rebuilt when next needed
-        h1 = hull[1]
-        left: list[tuple[int, int]] = []
-        for p in self.points:
-            hull_push(left, p)
-            if p is h1:
-                self._hull = left + hull[2:]
-                return
+        hull, self._hull = self._hull, None
+        if hull is not None and hull[0] is gone and self.points:
+            self._hull = hull_without_first(hull, self.points)
 
     def _hull_now(self) -> list[tuple[int, int]]:
         if self._hull is not None:
             return self._hull
         if self._unordered is None:
             pairs = itertools.pairwise(self.points)
-            self._unordered = sum(p[0] >= q[0] for p, q in pairs)
+            self._unordered = sum(p[0] > q[0] for p, q in pairs)
         hull = upper_hull(self.points)
         if self._unordered == 0:
             self._hull = hull

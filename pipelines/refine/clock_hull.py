@@ -85,6 +85,44 @@ def upper_hull(pts: deque[tuple[int, int]]) -> list[tuple[int, int]]:
     return hull
 
 
+def hull_without_first(
+    hull: list[tuple[int, int]], pts: deque[tuple[int, int]]
+) -> list[tuple[int, int]]:
+    """:func:`upper_hull` of ``pts``, given ``hull``: that of ``pts`` with one more point
+    before them (the hull's first vertex; vertices are the points' own tuples). The chain is
+    run again from the left only until its stack is known to agree with the old run from
+    then on: at a vertex ``h`` of the old hull that it holds on top, when the point below it
+    keeps ``h`` from being popped by every later point that the old run's vertex below ``h``
+    kept it from (see :func:`_kept_alike`); the old vertices after ``h`` follow unchanged.
+    Equal x (a burst sent at one time) makes the chain's vertices depend on the points'
+    order: the check holds only where that cannot differ."""
+    left: list[tuple[int, int]] = []
+    j = 1
+    hj = hull[j] if len(hull) > 1 else None
+    for p in pts:
+        hull_push(left, p)
+        if p is hj:
+            if _kept_alike(left, hull[j - 1]):
+                return left + hull[j + 1 :]
+            j += 1
+            hj = hull[j] if j < len(hull) else None
+    return left
+
+
+def _kept_alike(left: list[tuple[int, int]], o: tuple[int, int]) -> bool:
+    """Whether a later point that does not pop ``h = left[-1]`` from above ``o`` (the old
+    run, where ``h`` stayed to the end) does not pop it from above ``left[-2]`` either."""
+    if len(left) < 2:
+        return True  # h is the bottom: never popped
+    h, q = left[-1], left[-2]
+    if o[0] < h[0]:
+        # later points lie right of h, below the line o→h (or under h at h's x): also below
+        # the line q→h when q lies left of h, on or below the line o→h
+        return q[0] < h[0] and (h[0] - o[0]) * (q[1] - o[1]) - (h[1] - o[1]) * (q[0] - o[0]) <= 0
+    # o under h at one x (the hull's start): later points lie right of h; q at h's x too
+    return q[0] == h[0] and q[1] < h[1]
+
+
 def hull_push(hull: list[tuple[int, int]], p: tuple[int, int]) -> None:
     """One step of the monotone chain: ``p`` (at or right of the hull's last x) joins it."""
     while len(hull) >= 2:
