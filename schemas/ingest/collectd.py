@@ -135,11 +135,52 @@ def _string(tab: pa.Table, name: str) -> pa.Array:
     return col
 
 
-def _table(bodies: list[bytes]) -> pa.Table:
-    """The value lists of one-line messages, one row each, parsed by Arrow's JSON reader."""
-    buf = b"\n".join(b[1:-1] for b in bodies)
-    opts = pj.ReadOptions(use_threads=False, block_size=max(len(buf) + 1, 1 << 16))
-    tab = pj.read_json(pa.py_buffer(buf), read_options=opts)
+def _one_line_list(b: bytes) -> bool:
+    """One value list on one line, as write_kafka writes it."""
+    return (
+        b[:2] == b"[{"
+        and b[-2:] == b"}]"
+        and b"\n" not in b
+        and b"\r" not in b
+        and b.count(b'"values"') == 1
+    )
+
+
+_VALUES = np.frombuffer(b'"values"', np.uint8)
+
+
+def _one_line(bodies: list[bytes]) -> tuple[list[int], Any]:
+    """The messages that hold :func:`_one_line_list`, checked on all of them joined by
+    newlines at once; and, when all do, that text with each one's outer brackets blanked
+    (one JSON object a line for Arrow's reader), else None."""
+    n = len(bodies)
+    buf = b"\n".join(bodies)
+    lens = np.fromiter(map(len, bodies), np.int64, n)
+    if n == 0 or buf.count(b"\n") != n - 1 or b"\r" in buf or lens.min() < len(_VALUES):
+        return [k for k, b in enumerate(bodies) if _one_line_list(b)], None
+    a = np.frombuffer(buf, np.uint8)
+    hit = a[: len(a) - len(_VALUES) + 1] == _VALUES[0]
+    for i in range(1, len(_VALUES)):
+        hit &= a[i : len(a) - len(_VALUES) + 1 + i] == _VALUES[i]
+    starts = np.cumsum(lens + 1) - lens - 1
+    ends = starts + lens
+    count = np.bincount(np.searchsorted(starts, np.flatnonzero(hit), "right") - 1, minlength=n)
+    ok = (count == 1) & (a[starts] == ord("[")) & (a[starts + 1] == ord("{"))
+    ok &= (a[ends - 2] == ord("}")) & (a[ends - 1] == ord("]"))
+    if not ok.all():
+        return np.flatnonzero(ok).tolist(), None
+    text = a.copy()
+    text[starts] = text[ends - 1] = ord(" ")
+    return list(range(n)), text
+
+
+def _table(bodies: list[bytes], joined: Any = None) -> pa.Table:
+    """The value lists of one-line messages, one row each, parsed by Arrow's JSON reader;
+    ``joined``: their text as :func:`_one_line` made it, when it did."""
+    text = joined if joined is not None else b"\n".join(b[1:-1] for b in bodies)
+    buf = pa.py_buffer(text)
+    opts = pj.ReadOptions(use_threads=False, block_size=max(buf.size + 1, 1 << 16))
+    tab = pj.read_json(buf, read_options=opts)
     if tab.num_rows != len(bodies) or not set(_REQUIRED) <= set(tab.column_names):
         raise ValueError("not one value list a message")
     return tab
@@ -226,20 +267,15 @@ def decode_collectd_many(
     of all, each sample's message index (ascending) and the messages rejected alone. Raises
     where the joined read fails (the caller decodes the set message by message)."""
     _REG.begin()
-    fast = [
-        k
-        for k, b in enumerate(bodies)
-        if b[:2] == b"[{"
-        and b[-2:] == b"}]"
-        and b"\n" not in b
-        and b"\r" not in b
-        and b.count(b'"values"') == 1
-    ]  # one value list on one line, as write_kafka writes it
+    fast, joined = _one_line(bodies)
     good = np.zeros(0, dtype=bool)
     cols: dict[str, Any] = {}
     if fast:
-        good, cols = _arrow_rows(_table([bodies[k] for k in fast]))
-    slow = sorted(set(range(len(bodies))) - {fast[j] for j in np.flatnonzero(good).tolist()})
+        good, cols = _arrow_rows(_table([bodies[k] for k in fast], joined))
+    if len(fast) == len(bodies) and good.all():
+        slow: list[int] = []
+    else:
+        slow = sorted(set(range(len(bodies))) - {fast[j] for j in np.flatnonzero(good).tolist()})
     c, bad = _Lists(), {}
     for k in slow:
         try:
@@ -249,11 +285,15 @@ def decode_collectd_many(
     parts = [c.points()]
     owner = [np.array(c.owner, dtype=np.int64)]
     if good.any():
-        rows = pa.array(np.flatnonzero(good))
-        sub = {k: (v.take(rows) if isinstance(v, pa.Array) else v) for k, v in cols.items()}
+        sub = cols
+        if not good.all():
+            rows = pa.array(np.flatnonzero(good))
+            sub = {k: (v.take(rows) if isinstance(v, pa.Array) else v) for k, v in cols.items()}
         sids, ts, v, exact, ok, idx = _vectorized(sub, store_rates)
         parts.append(Points(_REG, sids, ts, v, exact=exact, exact_ok=ok))
         owner.append(np.array(fast, dtype=np.int64)[np.flatnonzero(good)][idx])
+    if not slow:  # the vectorized rows alone, already in message order
+        return parts[1], owner[1], bad
     return _joined(parts, owner), np.sort(np.concatenate(owner), kind="stable"), bad
 
 

@@ -195,3 +195,33 @@ def test_otlp_json_with_histograms_or_a_bad_message_still_decodes_each_as_alone(
     msgs = _msgs(bodies)
     assert _same_as_alone("otlp", msgs) == {0, 1, 3}
     assert DEC.decode_many("otlp", msgs).rejected[2].reason is Reason.UNDECODABLE
+
+
+def _odd_collectd() -> list[bytes]:
+    """Bodies that each break one of the joined pass's one-line checks, or nearly."""
+    vl = json.loads(_collectd(7))[0]
+    return [
+        json.dumps([{**vl, "type_instance": "values"}]).encode(),  # "values" twice
+        json.dumps([vl]).replace(", ", ",\r", 1).encode(),  # a CR (JSON whitespace)
+        b" " + _collectd(8),  # not starting with [{
+        _collectd(9) + b" ",  # not ending with }]
+        json.dumps([{k: v for k, v in vl.items() if k != "values"}]).encode(),  # none
+        b"[]",
+        b"[{}]",
+        json.dumps({**vl, "host": "h9"}).encode(),  # an object, not an array
+    ]
+
+
+@pytest.mark.parametrize("odd", range(len(_odd_collectd()) + 1))
+def test_one_line_value_lists_are_found_on_the_joined_text_as_one_by_one(odd: int) -> None:
+    from schemas.ingest.collectd import _one_line, _one_line_list
+
+    bodies = [_collectd(k) for k in range(12)]
+    if odd < len(_odd_collectd()):
+        bodies[5] = _odd_collectd()[odd]
+    fast, joined = _one_line(bodies)
+    assert fast == [k for k, b in enumerate(bodies) if _one_line_list(b)]
+    assert (joined is None) == (len(fast) < len(bodies))
+    for topic in ("cd", "cdc"):
+        seen = _same_as_alone(topic, _msgs(bodies))
+        assert seen >= set(range(12)) - {5}
