@@ -447,7 +447,7 @@ def bench_publish(
 ) -> float:
     """Acknowledged samples per second published as fast as possible into fresh topics of the
     broker at ``bootstrap`` for about ``seconds`` of wall time (no faults, no truth)."""
-    from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+    from confluent_kafka.admin import AdminClient, NewTopic
 
     from lab.simulate.cluster import Cluster
 
