@@ -251,7 +251,9 @@ def score_run(
         slack_ns=SLACK_NS,
         interval_ns=run.interval_ns,
         explained=explained,
-        for_ns={r.name: int(getattr(r, "for_ns", 0) or 0) for r in rules},
+        # a rule holds ``for`` in the pipeline's (broker) time: that much times the speed
+        # of the simulator's true time
+        for_ns={r.name: round((getattr(r, "for_ns", 0) or 0) * run.factor) for r in rules},
     )
     return report, rules
 

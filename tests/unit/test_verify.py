@@ -88,7 +88,9 @@ def _truth(rng: np.random.Generator) -> tuple[pa.Table, list[dict[str, Any]]]:
     return pa.Table.from_pylist(rows, SAMPLES_TRUTH), sends
 
 
-def _write_truth(path: Path, speed: float | None) -> tuple[pa.Table, list[dict[str, Any]]]:
+def _write_truth(
+    path: Path, speed: float | None, more: tuple[dict[str, Any], ...] = ()
+) -> tuple[pa.Table, list[dict[str, Any]]]:
     rng = np.random.default_rng(SEED)
     samples, sends = _truth(rng)
     pq.write_table(samples, path)
@@ -108,7 +110,7 @@ def _write_truth(path: Path, speed: float | None) -> tuple[pa.Table, list[dict[s
             "detail": json.dumps({"code": 79}),
         }
     ]
-    pq.write_table(pa.Table.from_pylist(incidents), sibling(path, "incidents"))
+    pq.write_table(pa.Table.from_pylist([*incidents, *more]), sibling(path, "incidents"))
     clocks = [
         {"node": n, "offset_ns": 0, "drift_ppm": 0.0, "synced": True, "steps": []} for n in NODES
     ]
@@ -333,6 +335,30 @@ def test_verify_names_every_defect(tmp_path: Path, speed: float) -> None:
     assert any("precision" in m for m in v.misses) and not v.ok
     text = render(v)
     assert "false: exporter_silent n03|nic|0" in text and "MISSED" in text
+
+
+@pytest.mark.parametrize("speed", [1.0, 4.0])
+def test_a_rule_holds_its_for_in_broker_time(tmp_path: Path, speed: float) -> None:
+    """A power throttle of 24 s of true time and no gpu_power_throttle alert (its rule holds
+    for 10 s): missed in real time; at speed 4 the pipeline saw 6 s of it, too short for
+    the rule, so nothing was required (the throttling episode is not scored here)."""
+    truth = tmp_path / "truth.parquet"
+    throttle = {
+        "id": "throttle-000-00",
+        "kind": "throttle",
+        "node": "n01",
+        "device": "gpu1",
+        "switch": None,
+        "port": None,
+        "job": None,
+        "start_ns": T0 + 20 * S,
+        "end_ns": T0 + 44 * S,
+        "detail": json.dumps({"bits": 132, "cause": "power"}),
+    }
+    samples, sends = _write_truth(truth, speed, (throttle,))
+    _land(tmp_path / "lake", samples, sends, speed)
+    missed = {(m["incident"], m["signal"]) for m in verify(tmp_path / "lake", truth).alerts.missed}
+    assert (("throttle-000-00", "gpu_power_throttle") in missed) == (speed == 1.0), missed
 
 
 def test_verify_clean_run_meets_every_goal(tmp_path: Path) -> None:
