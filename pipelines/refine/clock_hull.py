@@ -96,25 +96,47 @@ def hull_without_first(
     kept it from (see :func:`_kept_alike`); the old vertices after ``h`` follow unchanged.
     Equal x (a burst sent at one time) makes the chain's vertices depend on the points'
     order: the check holds only where that cannot differ."""
+    if len(hull) > 1 and _on_first_edge(pts[0], hull[0], hull[1]):
+        return [pts[0], *hull[1:]]
     left: list[tuple[int, int]] = []
     j = 1
     hj = hull[j] if len(hull) > 1 else None
     for p in pts:
         hull_push(left, p)
         if p is hj:
-            if _kept_alike(left, hull[j - 1]):
+            if _kept_alike(left, hull[j - 1], hull[j + 1] if j + 1 < len(hull) else None):
                 return left + hull[j + 1 :]
             j += 1
             hj = hull[j] if j < len(hull) else None
     return left
 
 
-def _kept_alike(left: list[tuple[int, int]], o: tuple[int, int]) -> bool:
-    """Whether a later point that does not pop ``h = left[-1]`` from above ``o`` (the old
-    run, where ``h`` stayed to the end) does not pop it from above ``left[-2]`` either."""
+def _on_first_edge(p: tuple[int, int], h0: tuple[int, int], h1: tuple[int, int]) -> bool:
+    """Whether the new first point ``p`` lies on the old first edge ``h0→h1``, left of
+    ``h1`` (a point sent at the time of the one that left, with its delay: a burst; or
+    further on the line): the points up to ``h1`` lay on or below that edge, so they lie
+    on or below ``p→h1`` and the chain from ``p`` meets ``h1`` as the old one did."""
+    return p[0] < h1[0] and (h1[0] - h0[0]) * (p[1] - h0[1]) == (h1[1] - h0[1]) * (p[0] - h0[0])
+
+
+def _kept_alike(
+    left: list[tuple[int, int]], o: tuple[int, int], nxt: tuple[int, int] | None
+) -> bool:
+    """Whether every later point that the old run tried against ``h = left[-1]`` (from
+    above ``o``; ``h`` stayed to the end, followed by ``nxt``) leaves it from above
+    ``left[-2]`` too."""
     if len(left) < 2:
         return True  # h is the bottom: never popped
     h, q = left[-1], left[-2]
+    if (
+        q[0] < h[0]
+        and nxt is not None
+        and nxt[0] > h[0]
+        and (h[0] - q[0]) * (nxt[1] - q[1]) - (h[1] - q[1]) * (nxt[0] - q[0]) < 0
+    ):
+        # the points tried against h lie under h at its x or on or below the edge h→nxt:
+        # strictly below the line q→h when nxt is
+        return True
     if o[0] < h[0]:
         # later points lie right of h, below the line o→h (or under h at h's x): also below
         # the line q→h when q lies left of h, on or below the line o→h
