@@ -6,6 +6,7 @@ from __future__ import annotations
 import random
 from collections import deque
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -65,9 +66,11 @@ def test_property_equal_x_runs_out_of_order_points_and_steps_estimate_as_rebuilt
     _same_estimates(cfg, pairs)
 
 
-def test_bursts_sent_at_one_time_keep_the_hull_and_estimate_as_rebuilt() -> None:
-    # one-metric messages: bursts of up to 64 records with one send time, 1-5 ms delays,
-    # drift, a step up and a confirmed step down; a full window (the default 256 points)
+@pytest.mark.parametrize("jitter", [True, False])
+def test_bursts_sent_at_one_time_keep_the_hull_and_estimate_as_rebuilt(jitter: bool) -> None:
+    # one-metric messages: bursts of up to 64 records with one send time, 1-5 ms delays
+    # (or one delay: a burst's points all alike, all bursts on one line), drift, a step up
+    # and a confirmed step down; a full window (the default 256 points)
     rng = random.Random(7)
     pairs, sent = [], T0
     for burst in range(400):
@@ -75,7 +78,7 @@ def test_bursts_sent_at_one_time_keep_the_hull_and_estimate_as_rebuilt() -> None
         offset = 30_000_000 + sent % 10**12 // 50_000 + (40_000_000 if burst >= 200 else 0)
         offset -= 90_000_000 if burst >= 320 else 0
         for _ in range(rng.choice([1, 8, 64])):
-            arrival = sent - offset + rng.randrange(1_000_000, 5_000_000)
+            arrival = sent - offset + (rng.randrange(1_000_000, 5_000_000) if jitter else 0)
             pairs.append((sent, arrival))
     cached = _same_estimates(ClockSettings(), pairs)
     assert cached > 0.9 * len(pairs)  # the hull is kept, not rebuilt per point
