@@ -133,7 +133,7 @@ def test_bench_smoke_reports_every_figure(kafka_bootstrap: str, tmp_path: Path) 
         # each progress line names the benchmark as it starts and ends
         assert f"bench: {bench}" in p.stderr
     # the results table is on stdout, one row per figure
-    assert "| worker_throughput | worker_to_ceiling_ratio |" in p.stdout
+    assert "| worker_throughput | worker_to_ceiling_ratio " in p.stdout
     # on a cluster it does not own, the run deletes the topics it created (Faust's included)
     raw = benches["worker_throughput"]["details"]["publish"]["topics"]["raw"]
     prefix = raw.removesuffix("telemetry.raw")
