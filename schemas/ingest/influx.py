@@ -114,6 +114,16 @@ def decode_influx(body: bytes) -> Points:
     vals: list[str] = []
     stamps: list[str | None] = []
     counts: list[int] = []
+    _read_lines(text, gids, vals, stamps, counts)
+    return _points(gids, vals, stamps, counts)
+
+
+def _read_lines(
+    text: str, gids: list[int], vals: list[str], stamps: list[str | None], counts: list[int]
+) -> int:
+    """Append the points of every line of ``text`` to the lists; the number of lines read
+    (comments and blank lines left out)."""
+    lines = 0
     for number, line in enumerate(text.split("\n"), 1):
         if not line or line[0] == "#" or line.isspace():
             continue
@@ -122,7 +132,8 @@ def decode_influx(body: bytes) -> Points:
         vals += vs
         stamps.append(stamp or None)
         counts.append(len(vs))
-    return _points(gids, vals, stamps, counts)
+        lines += 1
+    return lines
 
 
 def _points(
@@ -223,15 +234,7 @@ def decode_influx_many(bodies: list[bytes]) -> tuple[Points, np.ndarray, dict[in
         marks = len(gids), len(vals), len(stamps)
         try:
             text = body.decode("utf-8")
-            for number, line in enumerate(text.split("\n"), 1):
-                if not line or line[0] == "#" or line.isspace():
-                    continue
-                series, names, vs, stamp = _fields(line.rstrip("\r"), number)
-                gids += _ids(series, tuple(names))
-                vals += vs
-                stamps.append(stamp or None)
-                counts.append(len(vs))
-                owner.append(k)
+            owner += [k] * _read_lines(text, gids, vals, stamps, counts)
         except (RejectedInput, UnicodeDecodeError) as e:
             bad[k] = e if isinstance(e, RejectedInput) else RejectedInput(
                 Reason.UNDECODABLE, f"not UTF-8: {e}"[:300])  # fmt: skip
