@@ -236,6 +236,12 @@ class DetectCore:
         high watermark as last fetched (negative: not known)."""
         return low_watermark(self._next, {p: high(p) for p in self._next}, self._latest)
 
+    def refined_pending(self, high: Callable[[int], int]) -> bool:
+        """Whether refined records are still to read in an assigned partition (its next
+        offset below its high watermark as last fetched): refined data is coming, however
+        long since detect last read some."""
+        return any(0 <= nxt < high(p) for p, nxt in self._next.items())
+
     def messages(self, out: Emitted) -> list[OutMessage]:
         """The records to publish for ``out`` (alerts and episodes as JSON keyed by entity,
         rollups as Arrow keyed by node), counted in :attr:`stats` and the telemetry."""

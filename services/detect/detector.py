@@ -143,17 +143,21 @@ class Detector:
         ``topic``): silence is judged on this progress."""
         self.engine.on_progress(partition, offset, append_ns, node, rows, topic)
 
-    def tick(self, now_ns: int) -> Emitted:
+    def tick(self, now_ns: int, refined_pending: bool = False) -> Emitted:
         """Time-driven changes, judged on data time (the watermark), so that catching up on
         a backlog does not close episodes early; silent sources are judged on each raw
         partition's progress in broker time (:meth:`on_progress`), so a refiner behind or
         restarting makes nobody silent; a whole pipeline going quiet is the freshness
         rule's business. Collectives are judged anyway once neither the watermark has moved
-        nor refined data come for ``4 x grace`` of wall time (``now_ns``) while they wait:
-        refined data stopped, and it is only ever judged once. A worker catching up on a
-        backlog keeps refined data coming, so the stragglers' causes are judged on it."""
+        nor refined data come for ``4 x grace`` of wall time (``now_ns``) while they wait
+        and none is left to read (``refined_pending``: records of an assigned refined
+        partition past detect's position): refined data stopped, and it is only ever judged
+        once. Refined data still queued in the broker is coming, however slowly detect
+        reads it on a busy host, so the stragglers' causes are judged on it."""
         out = Emitted()
-        if self._held:
+        if self._held and refined_pending:
+            self._stalled_since = None
+        elif self._held:
             self._stalled_since = self._stalled_since or now_ns
             # before this process has seen any refined data (a worker starting on a backlog
             # takes a while for its first refined group), the refined stream is not stalled,

@@ -200,7 +200,8 @@ class DetectRunner:
             self.core.sync_topology(self.feed)
             now = time.time_ns()
             out = self._advanced(Emitted(), now)  # the watermark first, then what it makes due
-            out.extend(self.core.detector.tick(now))
+            pending = self.core.refined_pending(self._high)
+            out.extend(self.core.detector.tick(now, refined_pending=pending))
             await self._publish(self.core.messages(out))
         self.telemetry.gauge("detect.groups", self.progress.groups)
         idle = time.monotonic() - self.state.last_data

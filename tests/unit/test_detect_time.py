@@ -178,3 +178,36 @@ def test_an_empty_batch_changes_nothing() -> None:
     d = Detector(default_catalog())
     assert d.on_refined(refined([]), T0) == Emitted()
     assert d.advance(0, T0) == Emitted() and d.tick(T0) == Emitted()
+
+
+def test_held_collectives_wait_while_refined_records_are_left_to_read() -> None:
+    """On a busy host detect may read no refined record for longer than the stall patience
+    while the broker holds refined records it has not read: those are coming, so held
+    collectives wait for them, and the straggler names its cause; once none is left and the
+    watermark stands, they are judged with what is known."""
+    d = Detector(default_catalog(), topology=Topo(), grace_ns=3 * S)
+    d.set_jobs([PLACEMENT])
+    out = Emitted()
+    for t in collectives(range(10)):
+        out.extend(d.on_collectives(t, T0))
+    out.extend(d.on_refined(other_node(0, 1)[0], T0))
+    for k in range(1, 40):  # 40 s of ticks with refined records queued, none read
+        out.extend(d.tick(T0 + k * S, refined_pending=True))
+    assert out.alerts == []
+    wall = T0 + 40 * S
+    for _, t in batches(storm_rows(20)):
+        wall += S
+        out.extend(d.on_refined(t, wall))
+        out.extend(d.advance(int(t.column("ts")[0].as_py()), wall))
+        out.extend(d.tick(wall, refined_pending=True))
+    (a,) = out.alerts
+    assert a.cause is not None and a.cause.startswith("PFC storm on leaf-p0-r3 port 2"), a.cause
+    d2 = Detector(default_catalog(), topology=Topo(), grace_ns=3 * S)
+    d2.set_jobs([PLACEMENT])
+    for t in collectives(range(10)):
+        d2.on_collectives(t, T0)
+    d2.on_refined(other_node(0, 1)[0], T0)
+    assert d2.tick(T0 + 30 * S, refined_pending=True).alerts == []
+    assert d2.tick(T0 + 31 * S).alerts == []  # none left to read: patience starts now
+    (b,) = d2.tick(T0 + 44 * S).alerts
+    assert b.cause == "none found"
