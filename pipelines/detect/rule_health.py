@@ -134,7 +134,8 @@ class PartitionProgress:
         return self.appends[i] if i < len(self.appends) else None
 
 
-def _entity_node(source: str) -> str:
+def entity_node(source: str) -> str:
+    """The node of a source key (``node|exporter|...``)."""
     return source.split("|", 1)[0]
 
 
@@ -219,7 +220,7 @@ def observe_sources(
                 st.topic, st.offset = topic, -1
             st.partition, st.offset = int(part), max(st.offset, int(off))
             if nodes is not None:
-                np_ = nodes.setdefault((topic, _entity_node(src)), NodeProgress())
+                np_ = nodes.setdefault((topic, entity_node(src)), NodeProgress())
                 np_.refined = max(np_.refined, st.offset)
         for rule in silent:  # it spoke, whatever its clock says of the time
             a = book.resolve(rule.name, src, max(ts, st.last_ts), now_ns)
@@ -256,7 +257,7 @@ def _frozen(
             onset = ts - st.repeats * max(st.interval_ns, 1)
             vals = {"source": src, "intervals": st.repeats}
             ev = {"repeats": st.repeats, "series": int(fp[0])}
-            out.append(_fire(book, fr, src, onset, now_ns, vals, ev, _entity_node(src)))
+            out.append(_fire(book, fr, src, onset, now_ns, vals, ev, entity_node(src)))
         elif st.repeats == 0:
             a = book.resolve(fr.name, src, ts, now_ns)
             if a is not None:
@@ -278,7 +279,7 @@ def _quiet(
     if not progress:
         return (now_ns - st.last_ts, st.last_ts) if st.last_ts else None
     pp = progress.get((st.topic, st.partition))
-    np_ = nodes.get((st.topic, _entity_node(src)))
+    np_ = nodes.get((st.topic, entity_node(src)))
     if pp is None or np_ is None or st.offset < 0:
         return None
     # every accounted record of its node read refined: the partition's newest, else its node's
@@ -321,7 +322,7 @@ def tick_silent(
                 vals = {"source": src, "intervals": rule.intervals, "silent_s": quiet / 1e9}
                 ev = {"last_ts": st.last_ts, "interval_ns": interval, "quiet_ns": quiet}
                 ev |= {"raw_partition": st.partition, "raw_offset": st.offset}
-                out.append(_fire(book, rule, src, since, now_ns, vals, ev, _entity_node(src)))
+                out.append(_fire(book, rule, src, since, now_ns, vals, ev, entity_node(src)))
     return out
 
 
@@ -366,7 +367,7 @@ def eval_clock(
             vals |= {"error_ms": s.error_ns / 1e6, "threshold_ms": rule.above_ns / 1e6}
             ev = {"offset_ns": s.offset_ns, "error_ns": s.error_ns, "flagged": s.flagged}
             a = _level(
-                book, rule, s.source, cls, s.ts_ns, 0, now_ns, vals, ev, _entity_node(s.source)
+                book, rule, s.source, cls, s.ts_ns, 0, now_ns, vals, ev, entity_node(s.source)
             )
             if a is not None:
                 out.append(a)

@@ -58,6 +58,7 @@ from pipelines.detect.rule_health import (
     NodeProgress,
     PartitionProgress,
     SourceState,
+    entity_node,
     eval_clock,
     eval_deadletters,
     eval_freshness,
@@ -215,6 +216,15 @@ class RuleEngine:
         out += eval_deadletters(self.deadletters, self._deadletter, self.book, now_ns)
         out += expire_events(self._events + self._metric_events, self.book, now_ns)
         return out
+
+    def silent_nodes(self) -> set[str]:
+        """Nodes with a source a silence rule has found silent (firing)."""
+        names = {r.name for r in self._silent}
+        return {
+            entity_node(key)
+            for (rule, key), st in self.book.states.items()
+            if rule in names and st.firing is not None
+        }
 
     def firing(self) -> list[tuple[str, str]]:
         """(rule, key) of every open alert."""

@@ -33,6 +33,9 @@ from schemas.topics import TOPICS
 
 DEFAULT_RULES = Path(__file__).resolve().parents[2] / "deploy" / "rules" / "default.yaml"
 FIRST_DATA_NS = 120_000_000_000  # how long held collectives wait for the first refined data
+# how far past a collective (data time) the watermark may go while a node of its job has not
+# been read that far: past it, a node that sends nothing does not hold its job's judgement
+NODE_WAIT_NS = 120_000_000_000
 
 
 @dataclass
@@ -68,6 +71,7 @@ class Detector:
         self.newest = 0  # newest aligned ts seen in any refined batch
         self.grace_ns = grace_ns
         self._held: list[pa.Table] = []
+        self._node_latest: dict[str, int] = {}  # node -> newest aligned ts read of its rows
         self._stalled_since: int | None = None  # wall ns since when held data waits in vain
 
     def set_topology(self, topology: PathLookup) -> None:
@@ -89,6 +93,7 @@ class Detector:
         # clock alerts come from the refining stage (it sees every batch's clock estimate)
         if table.num_rows:
             self.newest = max(self.newest, int(pc.max(table.column("ts")).as_py()))
+            self._read_nodes(table)
             # refined data still comes (a backlog being caught up partition by partition, a
             # worker starting on one): the watermark will move, held collectives wait for it
             self._stalled_since = None
@@ -115,12 +120,39 @@ class Detector:
             self._held.append(_as_ts_ns(table))
         return self._release_collectives(now_ns)
 
+    def _read_nodes(self, table: pa.Table) -> None:
+        """Each node's rows come in its raw order: the newest ts read of a node is how far
+        its data is known, whatever other nodes of the same refined partition reached."""
+        if "node" not in table.column_names:
+            return
+        newest = table.group_by("node").aggregate([("ts", "max")])
+        latest = self._node_latest
+        for node, ts in zip(newest["node"].to_pylist(), newest["ts_max"].to_pylist(), strict=True):
+            if node is not None and ts > latest.get(node, 0):
+                latest[node] = ts
+
+    def _covered(self, t: pa.Table, silent: set[str]) -> bool:
+        """Refined data covers held collectives ``t`` plus the grace: the watermark has passed
+        it, and so has every node of their jobs (refined partitions interleave nodes read at
+        paces of their own: one node ahead moves a partition's newest ts past another's),
+        but for nodes found silent. A node behind holds them back ``NODE_WAIT_NS`` at most;
+        a node never read (not monitored) does not."""
+        due = int(pc.max(t.column("ts_ns")).as_py()) + self.grace_ns
+        if due > self.watermark:
+            return False
+        if due + NODE_WAIT_NS <= self.watermark:
+            return True
+        placements = self.stragglers.placements
+        for job in pc.unique(t.column("job")).to_pylist():
+            p = placements.get(job)
+            for node in p.nodes if p is not None else ():
+                if 0 < self._node_latest.get(node, 0) < due and node not in silent:
+                    return False
+        return True
+
     def _release_collectives(self, now_ns: int, force: bool = False) -> Emitted:
-        ready = [
-            t
-            for t in self._held
-            if force or int(pc.max(t.column("ts_ns")).as_py()) + self.grace_ns <= self.watermark
-        ]
+        silent = self.engine.silent_nodes() if self._held and not force else set()
+        ready = [t for t in self._held if force or self._covered(t, silent)]
         if not ready:
             return Emitted()
         self._held = [t for t in self._held if not any(t is r for r in ready)]

@@ -25,10 +25,10 @@ def storm_rows(seconds: int, calm: int = 0, node: str = "n2") -> list[dict[str, 
     return series(node, "mlx5_3/1/prio3", "nic.rx_prio_pause", pause, field="rate", **ENR)
 
 
-def other_node(t0_s: int, seconds: int) -> list[pa.Table]:
+def other_node(t0_s: int, seconds: int, node: str = "n0") -> list[pa.Table]:
     """A clean node whose partition was read far ahead."""
     temps = [60.0 + i % 3 for i in range(seconds)]
-    rows = series("n0", "gpu0", "gpu.temp", temps, t0=T0 + t0_s * S)
+    rows = series(node, "gpu0", "gpu.temp", temps, t0=T0 + t0_s * S)
     return [t for _, t in batches(rows)]
 
 
@@ -190,7 +190,7 @@ def test_held_collectives_wait_while_refined_records_are_left_to_read() -> None:
     out = Emitted()
     for t in collectives(range(10)):
         out.extend(d.on_collectives(t, T0))
-    out.extend(d.on_refined(other_node(0, 1)[0], T0))
+    out.extend(d.on_refined(other_node(0, 1, node="n9")[0], T0))  # a node of no job
     for k in range(1, 40):  # 40 s of ticks with refined records queued, none read
         out.extend(d.tick(T0 + k * S, refined_pending=True))
     assert out.alerts == []
@@ -206,8 +206,46 @@ def test_held_collectives_wait_while_refined_records_are_left_to_read() -> None:
     d2.set_jobs([PLACEMENT])
     for t in collectives(range(10)):
         d2.on_collectives(t, T0)
-    d2.on_refined(other_node(0, 1)[0], T0)
+    d2.on_refined(other_node(0, 1, node="n9")[0], T0)
     assert d2.tick(T0 + 30 * S, refined_pending=True).alerts == []
     assert d2.tick(T0 + 31 * S).alerts == []  # none left to read: patience starts now
     (b,) = d2.tick(T0 + 44 * S).alerts
     assert b.cause == "none found"
+
+
+def test_held_collectives_wait_for_every_node_of_their_job_not_for_the_partition() -> None:
+    """A refined partition interleaves nodes that a worker on a backlog reads at paces of
+    their own: one node's rows ahead move the partition's newest ts (and the watermark) past
+    another node's, still to come. A job's collectives wait for each of its nodes read past
+    them, so the straggler names the storm the node behind shows; a node found silent, or
+    one never read, holds nobody."""
+    d = Detector(default_catalog(), topology=Topo(), grace_ns=3 * S)
+    d.set_jobs([PLACEMENT])
+    out = Emitted()
+    for t in collectives(range(10)):
+        out.extend(d.on_collectives(t, T0))
+    pre = series("n2", "gpu0", "gpu.temp", [60.0], t0=T0 - S)
+    out.extend(d.on_refined(batches(pre)[0][1], T0))  # n2 read up to T0 - 1 s
+    for t in other_node(0, 40):  # n0 of the job, 40 s ahead of n2
+        out.extend(d.on_refined(t, T0))
+    out.extend(d.advance(T0 + 39 * S, T0))  # the partition's newest ts: past the collectives
+    assert out.alerts == []  # n2 is behind: they wait
+    for _, t in batches(storm_rows(20)):  # n2 is read at last
+        out.extend(d.on_refined(t, T0))
+        out.extend(d.advance(T0 + 39 * S, T0))
+    (a,) = out.alerts
+    assert a.cause is not None and a.cause.startswith("PFC storm on leaf-p0-r3 port 2"), a.cause
+    # the same, with n2 behind and found silent: judged with what is known
+    d2 = Detector(default_catalog(), topology=Topo(), grace_ns=3 * S)
+    d2.set_jobs([PLACEMENT])
+    for t in collectives(range(10)):
+        d2.on_collectives(t, T0)
+    for _, t in batches(series("n2", "gpu0", "gpu.temp", [60.0, 61.0], t0=T0 - 2 * S)):
+        d2.on_refined(t, T0)
+    for t in other_node(0, 40):
+        d2.on_refined(t, T0)
+    assert d2.advance(T0 + 39 * S, T0).alerts == []
+    silent = d2.tick(T0).alerts  # n2 sent nothing for 40 s of data time
+    assert {(a.rule, a.node) for a in silent} == {("exporter_silent", "n2")}
+    (b,) = d2.advance(T0 + 40 * S, T0).alerts
+    assert b.rule == "nccl_straggler" and b.cause == "none found"
