@@ -2,7 +2,8 @@
 
 Worker, detect and ``refinery land`` run as processes on fresh topics, sharing the machine with
 the broker and the simulator, which publishes at speed 1, phases spread, every fault kind on
-(``--faults all``), as many nodes as make half the worker's measured maximum rate; the worker
+(``--faults all``), as many nodes as make half the whole pipeline's maximum rate on this
+machine (:mod:`lab.bench.capacity`; the worker's own maximum, if lower); the worker
 is killed -9 and started again every ``restart_every_s`` while it publishes (a user's restart,
 with its replay and catch-up). Once everything has drained and landed, the lake is compared
 with the run's truth by :func:`lab.verify.verdict.verify`, the same check as ``refinery
@@ -13,95 +14,22 @@ duplicated. ``refinery bench --only alert_accuracy_loaded``.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
+from lab.bench.capacity import pipeline_max_rate
 from lab.bench.figures import BenchResult
 from lab.bench.harness import BenchKafka, S, sim_topics
 from lab.bench.latency import _half_load_nodes, samples_per_node_s
-from lab.demo.procs import Child, worker_args
+from lab.bench.pipeline_procs import Services
 from lab.simulate.cluster import Cluster
 from lab.simulate.engine import Simulation
 from lab.simulate.publish import publish
 from lab.verify.verdict import PRECISION_GOAL, WITHIN_BOUND_GOAL, Verdict, verify
 
 SEED = 29
-LANDED = (
-    ("telemetry.refined", "samples"),
-    ("telemetry.events.aligned", "events"),
-    ("telemetry.collectives.aligned", "collectives"),
-    ("telemetry.alerts", "alerts"),
-    ("telemetry.episodes", "episodes"),
-    ("telemetry.deadletter", "deadletter"),
-    ("topology", "topology"),
-    ("jobs", "jobs"),
-    ("telemetry.accounting", "accounting"),
-    ("telemetry.rollups", "rollups"),
-)
-
-
-class _Services:
-    """Worker, detect and lander of one run; the worker restarts on the same state dir."""
-
-    def __init__(self, k: BenchKafka, prefix: str, lake: Path) -> None:
-        self.k, self.prefix, self.restarts = k, prefix, 0
-        self.worker_args = worker_args(prefix, k.workdir / f"{prefix}worker")
-        self.worker = k.start(f"{prefix}loaded-worker", self.worker_args)
-        self.detect = k.start(
-            f"{prefix}loaded-detect",
-            ["detect", "--topic-prefix", prefix, "--group", prefix + "detect"],
-        )
-        topics = [f"{prefix}{t}={d}" for t, d in LANDED]
-        self.land_topics = [prefix + t for t, _ in LANDED]
-        self.land = k.start(
-            f"{prefix}loaded-land",
-            [
-                "land",
-                "--group",
-                prefix + "land",
-                "--instance-id",
-                "bench",
-                "--max-age",
-                "2",
-                "--topics",
-                *topics,
-            ],
-            lake=lake,
-        )
-
-    @property
-    def kids(self) -> list[Child]:
-        return [self.worker, self.detect, self.land]
-
-    def restart_worker(self) -> None:
-        self.worker.proc.kill()
-        self.worker.proc.wait()
-        self.restarts += 1
-        self.worker = self.k.start(f"{self.prefix}loaded-worker{self.restarts}", self.worker_args)
-
-    def drain(self) -> None:
-        k, p = self.k, self.prefix
-        raw = [p + t for t in ("telemetry.raw", "telemetry.events", "telemetry.collectives")]
-        k.wait("the worker drains", lambda: k.lag(p + "worker", raw) == 0, 600, self.kids)
-        derived = [
-            p + t
-            for t in (
-                "telemetry.refined",
-                "telemetry.events.aligned",
-                "telemetry.collectives.aligned",
-            )
-        ]
-        k.wait("detect drains", lambda: k.lag(p + "detect", derived) == 0, 300, self.kids)
-        time.sleep(3)  # a few detect ticks on the final progress
-        self.detect.stop(60)  # publishes what it still holds
-        k.wait(
-            "the lake lands everything",
-            lambda: k.lag(p + "land", self.land_topics) == 0,
-            300,
-            [self.land],
-        )
 
 
 def bench_accuracy_loaded(
@@ -110,15 +38,28 @@ def bench_accuracy_loaded(
     seconds: int,
     seed: int = SEED,
     restart_every_s: float = 25.0,
+    capacity: tuple[int, int] = (32, 30),
 ) -> BenchResult:
-    """One run; blocks for ``seconds`` plus the drain. Raises RuntimeError when a child dies
+    """One run, after the pipeline's maximum is measured on a backlog of ``capacity`` (nodes,
+    simulated seconds); blocks for ``seconds`` plus the drain. Raises RuntimeError when a child dies
     (other than the worker it kills) or the pipeline does not drain."""
     res = BenchResult("alert_accuracy_loaded")
     per_node = samples_per_node_s(S, 10)
-    rate, nodes = _half_load_nodes(worker_max_rate, per_node)
+    cap = pipeline_max_rate(k, *capacity)
+    res.add(
+        "pipeline_max_samples_per_s",
+        cap.samples_per_s,
+        "samples/s",
+        note="worker, detect and lander draining a published backlog together: half of it"
+        " (or of the worker's own maximum, if lower) is this run's load",
+    )
+    limit = cap.samples_per_s
+    if worker_max_rate is not None and math.isfinite(worker_max_rate):
+        limit = min(limit, worker_max_rate)
+    rate, nodes = _half_load_nodes(limit, per_node)
     prefix = k.fresh_topics()
     lake = k.workdir / f"{prefix}lake"
-    svc = _Services(k, prefix, lake)
+    svc = Services(k, prefix, lake)
     try:
         k.wait(
             "worker, detect and land join",
@@ -161,6 +102,7 @@ def bench_accuracy_loaded(
     v = verify(lake, truth)
     _figures(res, v)
     res.details.update(_details(v, nodes, seconds, seed, svc.restarts, rate))
+    res.details.update(cap.details())
     k.say(
         f"  precision {v.alerts.precision:.3f}, incident recall {v.alerts.incident_recall:.3f}"
         f", within bound {100 * v.clock.within_share:.3f} %, restarts {svc.restarts}"
@@ -215,6 +157,6 @@ def _details(
         "seconds": seconds,
         "seed": seed,
         "worker_restarts": restarts,
-        "worker_max_rate": rate,
+        "max_rate_halved": rate,
         "verify": v.as_dict(),
     }

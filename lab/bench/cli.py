@@ -329,7 +329,9 @@ def _plan(
     def accuracy_loaded() -> list[Any]:
         from lab.bench.accuracy_loaded import bench_accuracy_loaded
 
-        return [bench_accuracy_loaded(k, worker_rate(), min(sizes.accuracy_s, 180))]
+        capacity = (16, 10) if sizes.samples < 1_000_000 else (32, 30)
+        seconds = min(sizes.accuracy_s, 180)
+        return [bench_accuracy_loaded(k, worker_rate(), seconds, capacity=capacity)]
 
     def ingest() -> list[Any]:
         from lab.bench.ingest import bench_ingest

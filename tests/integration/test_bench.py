@@ -91,6 +91,7 @@ FIGURES = {
         for what in ("decode", "refine")
     ],
     "alert_accuracy_loaded": [
+        "pipeline_max_samples_per_s",
         "within_bound_share",
         "clock_err_p99_ms",
         "clock_bound_p99_ms",

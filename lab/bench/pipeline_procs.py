@@ -1,0 +1,84 @@
+"""Worker, detect and ``refinery land`` as processes on one run's topics, as deployed."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from lab.bench.harness import BenchKafka
+from lab.demo.procs import Child, worker_args
+
+LANDED = (
+    ("telemetry.refined", "samples"),
+    ("telemetry.events.aligned", "events"),
+    ("telemetry.collectives.aligned", "collectives"),
+    ("telemetry.alerts", "alerts"),
+    ("telemetry.episodes", "episodes"),
+    ("telemetry.deadletter", "deadletter"),
+    ("topology", "topology"),
+    ("jobs", "jobs"),
+    ("telemetry.accounting", "accounting"),
+    ("telemetry.rollups", "rollups"),
+)
+
+
+class Services:
+    """Worker, detect and lander of one run; the worker restarts on the same state dir."""
+
+    def __init__(self, k: BenchKafka, prefix: str, lake: Path) -> None:
+        self.k, self.prefix, self.restarts = k, prefix, 0
+        self.worker_args = worker_args(prefix, k.workdir / f"{prefix}worker")
+        self.worker = k.start(f"{prefix}loaded-worker", self.worker_args)
+        self.detect = k.start(
+            f"{prefix}loaded-detect",
+            ["detect", "--topic-prefix", prefix, "--group", prefix + "detect"],
+        )
+        topics = [f"{prefix}{t}={d}" for t, d in LANDED]
+        self.land_topics = [prefix + t for t, _ in LANDED]
+        self.land = k.start(
+            f"{prefix}loaded-land",
+            [
+                "land",
+                "--group",
+                prefix + "land",
+                "--instance-id",
+                "bench",
+                "--max-age",
+                "2",
+                "--topics",
+                *topics,
+            ],
+            lake=lake,
+        )
+
+    @property
+    def kids(self) -> list[Child]:
+        return [self.worker, self.detect, self.land]
+
+    def restart_worker(self) -> None:
+        self.worker.proc.kill()
+        self.worker.proc.wait()
+        self.restarts += 1
+        self.worker = self.k.start(f"{self.prefix}loaded-worker{self.restarts}", self.worker_args)
+
+    def drain(self) -> None:
+        k, p = self.k, self.prefix
+        raw = [p + t for t in ("telemetry.raw", "telemetry.events", "telemetry.collectives")]
+        k.wait("the worker drains", lambda: k.lag(p + "worker", raw) == 0, 600, self.kids)
+        derived = [
+            p + t
+            for t in (
+                "telemetry.refined",
+                "telemetry.events.aligned",
+                "telemetry.collectives.aligned",
+            )
+        ]
+        k.wait("detect drains", lambda: k.lag(p + "detect", derived) == 0, 300, self.kids)
+        time.sleep(3)  # a few detect ticks on the final progress
+        self.detect.stop(60)  # publishes what it still holds
+        k.wait(
+            "the lake lands everything",
+            lambda: k.lag(p + "land", self.land_topics) == 0,
+            300,
+            [self.land],
+        )
