@@ -28,6 +28,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from enum import StrEnum
+from operator import itemgetter
+from typing import cast
 
 from schemas.catalog import Catalog, default_catalog
 from schemas.codec import MAX_MESSAGE_BYTES, decode
@@ -154,27 +156,24 @@ class IngestDecoder:
         is decoded message by message, as are Prometheus text and OTLP protobuf. Raises
         nothing."""
         fmt = self.formats.get(topic, Format.REFINERY)
-        rejected: dict[int, RejectedInput] = {}
-        bodies: list[bytes] = []
-        ok: list[int] = []
-        for k, (body, ct, _) in enumerate(msgs):
-            if ct is None and body and len(body) <= MAX_MESSAGE_BYTES:
-                bodies.append(body)  # no header, a value within bounds: the common case
-                ok.append(k)
-                continue
-            try:
-                bodies.append(_checked(topic, fmt, body, ct))
-                ok.append(k)
-            except RejectedInput as e:
-                rejected[k] = e
+        if _plain(msgs):  # no headers, every value within bounds: the common case
+            ok = list(range(len(msgs)))
+            bodies = cast(list[bytes], list(map(itemgetter(0), msgs)))
+            media: set[str | None] = {None}
+            rejected: dict[int, RejectedInput] = {}
+        else:
+            ok, bodies, rejected = _admitted(topic, fmt, msgs)
+            media = {media_type(msgs[k][1]) for k in ok}
         got = None
         if len(ok) > 1:
-            media = {media_type(msgs[k][1]) for k in ok}
-            got = self._joined(fmt, bodies, [msgs[k][2] for k in ok], media)
+            mine = msgs if len(ok) == len(msgs) else list(map(msgs.__getitem__, ok))
+            pos = list(map(itemgetter(2), mine))
+            got = self._joined(fmt, bodies, pos, media)
         if got is None:
             got = self._one_by_one(topic, [msgs[k] for k in ok])
-        for unit in got.units:
-            unit.members = [ok[j] for j in unit.members]
+        if len(ok) != len(msgs):
+            for unit in got.units:
+                unit.members = [ok[j] for j in unit.members]
         rejected.update({ok[j]: e for j, e in got.rejected.items()})
         return Decoded(got.units, rejected)
 
@@ -212,6 +211,31 @@ class IngestDecoder:
             env = b.envelope
             units.append(Unit(env.source, b.table, [k], [b.table.num_rows], [env.sent_ns]))
         return Decoded(units, rejected)
+
+
+def _plain(msgs: list[Message]) -> bool:
+    """Whether no message has a header and every value is within bounds."""
+    if not msgs or any(map(itemgetter(1), msgs)):
+        return False
+    sizes = [len(m[0]) if m[0] else 0 for m in msgs]
+    return min(sizes) > 0 and max(sizes) <= MAX_MESSAGE_BYTES
+
+
+def _admitted(
+    topic: str, fmt: Format, msgs: list[Message]
+) -> tuple[list[int], list[bytes], dict[int, RejectedInput]]:
+    """The messages whose header and size allow them (their indices and values), and why
+    each other one is rejected."""
+    rejected: dict[int, RejectedInput] = {}
+    bodies: list[bytes] = []
+    ok: list[int] = []
+    for k, (body, ct, _) in enumerate(msgs):
+        try:
+            bodies.append(_checked(topic, fmt, body, ct))
+            ok.append(k)
+        except RejectedInput as e:
+            rejected[k] = e
+    return ok, bodies, rejected
 
 
 def _checked(topic: str, fmt: Format, body: bytes | None, content_type: str | None) -> bytes:

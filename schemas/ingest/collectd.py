@@ -23,6 +23,7 @@ import pyarrow.json as pj
 
 from schemas.errors import RejectedInput
 from schemas.ingest.assemble import Points, SeriesRegistry
+from schemas.ingest.collectd_scan import scan_wave
 from schemas.ingest.mapping import SeriesKey
 from schemas.reasons import Reason
 
@@ -37,6 +38,30 @@ def _labels(vl: dict[str, Any]) -> tuple[tuple[str, str], ...]:
         if isinstance(v, str) and v:
             out.append((k, v))
     return tuple(out)
+
+
+def _hint(t: Any, store_rates: bool) -> str:
+    return "rate" if (t in _CUMULATIVE and store_rates) or t == "absolute" else ""
+
+
+def _describe(vl: dict[str, Any], store_rates: bool) -> tuple[Any, ...] | None:
+    """A template's data sources (:mod:`schemas.ingest.collectd_scan`) as
+    :meth:`_Lists.add` reads them: (series ids, rate, absolute, interval); None where it
+    would reject the value list."""
+    try:
+        types, names = vl["dstypes"], vl["dsnames"]
+        float(vl["time"])
+        interval = float(vl.get("interval") or 0.0)
+        base = f"{vl['plugin']}/{vl['type']}/"
+        labels = _labels(vl)
+        if not (isinstance(types, list) and isinstance(names, list)) or len(types) != len(names):
+            return None
+        hints = [_hint(t, store_rates) for t in types]
+        keys = [(base + str(name), labels, h) for name, h in zip(names, hints, strict=True)]
+        sids = [_REG.id_of(k) for k in keys]
+        return sids, [bool(h) for h in hints], [t == "absolute" for t in types], interval
+    except (KeyError, TypeError, ValueError, OverflowError):
+        return None
 
 
 def _doc(body: bytes) -> list[Any]:
@@ -77,7 +102,7 @@ class _Lists:
                 if not (len(values) == len(types) == len(names)):
                     raise ValueError("values, dstypes and dsnames differ in length")
                 for v, t, name in zip(values, types, names, strict=True):
-                    hint = "rate" if (t in _CUMULATIVE and store_rates) or t == "absolute" else ""
+                    hint = _hint(t, store_rates)
                     x = float("nan") if v is None else float(v)
                     if t == "absolute" and not store_rates:
                         x = x / interval if interval > 0 else float("nan")
@@ -267,6 +292,9 @@ def decode_collectd_many(
     of all, each sample's message index (ascending) and the messages rejected alone. Raises
     where the joined read fails (the caller decodes the set message by message)."""
     _REG.begin()
+    scanned = scan_wave(bodies, store_rates, _REG, lambda vl: _describe(vl, store_rates))
+    if scanned is not None:
+        return scanned[0], scanned[1], {}
     fast, joined = _one_line(bodies)
     good = np.zeros(0, dtype=bool)
     cols: dict[str, Any] = {}

@@ -17,6 +17,8 @@ set message by message (:meth:`schemas.ingest.IngestDecoder.decode_many`).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import count
+from operator import attrgetter
 from typing import cast
 
 import numpy as np
@@ -211,7 +213,7 @@ def assemble_many(
     rejected = dict(rejected)
     for k in np.flatnonzero(counts > MAX_ROWS).tolist():
         rejected[k] = RejectedInput(Reason.OVERSIZED, f"{int(counts[k])} samples > {MAX_ROWS}")
-    uniq, inv = np.unique(points.gid, return_inverse=True)
+    uniq, inv = _unique(points.gid)
     got = _TARGETS.of(points.series, mapping, uniq)
     node_u = got.node[uniq]
     used = np.unique(node_u[node_u >= 0])
@@ -221,10 +223,10 @@ def assemble_many(
     node_of, bad = _message_nodes(code_u[inv], msg, nodes, pos)
     rejected.update({k: e for k, e in bad.items() if k not in rejected})
     factor_u, counter_u = got.factor[uniq], got.counter[uniq]
-    append = np.array([p.append_ns for p in pos], dtype=np.int64)
+    append = np.fromiter(map(attrgetter("append_ns"), pos), np.int64, m)
     ts_all = np.where(points.ts < 0, append[msg], points.ts)
     sent = _newest(ts_all, counts, append)
-    srcs, key = _sources(node_of, rejected, pos, boot_ids)
+    srcs, key, order = _sources(node_of, rejected, pos, boot_ids)
     rows = _order(key, msg)
     if rows is not None:  # the sources' messages interleave, or some are rejected
         points = _take(points, rows)
@@ -245,14 +247,15 @@ def assemble_many(
         [pa.array(ts_all), metric, device, pa.array(value), pa.array(raw, mask=~ok), text],
         schema=SAMPLES_SCHEMA,
     )
-    cnt = counts.tolist()
-    units, row = [], 0
+    cnt, sent_in = counts[order].tolist(), sent[order].tolist()
+    starts = [0, *np.cumsum(counts[order]).tolist()]
+    units, at = [], 0
     for (node, partition, boot), members in srcs:
-        c = [cnt[k] for k in members]
-        total = sum(c)
+        end = at + len(members)
         src = _source(node, exporter, partition, boot)
-        units.append(Unit(src, table.slice(row, total), members, c, [sent[k] for k in members]))
-        row += total
+        table_rows = table.slice(starts[at], starts[end] - starts[at])
+        units.append(Unit(src, table_rows, members, cnt[at:end], sent_in[at:end]))
+        at = end
     return Decoded(units, rejected)
 
 
@@ -261,25 +264,59 @@ def _sources(
     rejected: dict[int, RejectedInput],
     pos: list[Position],
     boot_ids: list[str] | None,
-) -> tuple[list[tuple[tuple[str, int, str], list[int]]], np.ndarray]:
-    """Each source's messages, in order of first appearance, and each message's source
-    (its index there; -1: rejected)."""
-    ids: dict[tuple[str, int, str], int] = {}
-    boots = boot_ids or ["ingest"] * len(pos)
-    key = np.array(
-        [-1 if node is None or k in rejected else ids.setdefault((node, p.partition, b), len(ids))
-         for k, (node, p, b) in enumerate(zip(node_of, pos, boots, strict=True))],
-        dtype=np.int64,
-    )  # fmt: skip
-    members: list[list[int]] = [[] for _ in ids]
-    if len(ids) == 1:
-        members[0] = np.flatnonzero(key == 0).tolist()
-    elif ids:
-        order = np.argsort(key, kind="stable")
-        order = order[key[order] >= 0]
-        cuts = np.cumsum(np.bincount(key[order], minlength=len(ids)))[:-1]
-        members = [part.tolist() for part in np.split(order, cuts)]
-    return list(zip(ids, members, strict=True)), key
+) -> tuple[list[tuple[tuple[str, int, str], list[int]]], np.ndarray, np.ndarray]:
+    """Each source's messages, in order of first appearance, each message's source (its
+    index there; -1: rejected) and the sources' messages one after the other. A rejected
+    message's node is None."""
+    m = len(pos)
+    valid = np.ones(m, dtype=bool)
+    valid[list(rejected)] = False
+    combined = _codes(node_of, m)
+    parts = np.fromiter(map(attrgetter("partition"), pos), np.int64, m)
+    combined = combined * (int(parts.max(initial=0)) + 1) + parts - int(parts.min(initial=0))
+    if boot_ids is not None:
+        boots = _codes(boot_ids, m)
+        combined = combined * (int(boots.max(initial=0)) + 1) + boots
+    key = np.full(m, -1, dtype=np.int64)
+    if not valid.any():
+        return [], key, np.zeros(0, dtype=np.int64)
+    uniq, inv = _unique(combined[valid])
+    first = np.full(len(uniq), m, dtype=np.int64)
+    np.minimum.at(first, inv, np.arange(len(inv)))
+    rank = np.empty(len(uniq), dtype=np.int64)
+    rank[np.argsort(first, kind="stable")] = np.arange(len(uniq))
+    key[valid] = rank[inv]
+    in_order = np.argsort(key, kind="stable")[m - int(valid.sum()) :]
+    order = in_order.tolist()
+    cuts = [0, *np.cumsum(np.bincount(key[valid], minlength=len(uniq))).tolist()]
+    boot = boot_ids or ["ingest"] * m
+    srcs = []
+    for i in range(len(uniq)):
+        members = order[cuts[i] : cuts[i + 1]]
+        k = members[0]
+        srcs.append(((cast(str, node_of[k]), pos[k].partition, boot[k]), members))
+    return srcs, key, in_order
+
+
+def _unique(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(ids, return_inverse=True)`` of small non-negative ids, by a lookup table
+    where the ids are few enough for one."""
+    top = int(ids.max(initial=-1)) + 1
+    if top > 8 * len(ids) + 4096 or (len(ids) and int(ids.min()) < 0):
+        uniq, inv = np.unique(ids, return_inverse=True)
+        return uniq, inv
+    seen = np.zeros(top, dtype=bool)
+    seen[ids] = True
+    uniq = np.flatnonzero(seen)
+    lut = np.zeros(top, dtype=np.int64)
+    lut[uniq] = np.arange(len(uniq))
+    return uniq, lut[ids]
+
+
+def _codes(items: list[str | None] | list[str], m: int) -> np.ndarray:
+    """An integer per item, equal where the items are (sparse, not dense)."""
+    seen: dict[str | None, int] = {}
+    return np.fromiter(map(seen.setdefault, items, count()), np.int64, m)
 
 
 def _order(key: np.ndarray, msg: np.ndarray) -> np.ndarray | None:
@@ -301,12 +338,12 @@ def _take(points: Points, rows: np.ndarray) -> Points:
                   points.boot_id, pick(points.exact), pick(points.exact_ok), text)  # fmt: skip
 
 
-def _newest(ts: np.ndarray, counts: np.ndarray, append: np.ndarray) -> list[int]:
+def _newest(ts: np.ndarray, counts: np.ndarray, append: np.ndarray) -> np.ndarray:
     """Each message's newest sample time (its arrival where it has none), at least 0."""
     out = append.copy()
     nz = np.flatnonzero(counts)
     if nz.size:
         starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
         out[nz] = np.maximum.reduceat(ts, starts[nz])
-    newest: list[int] = np.maximum(out, 0).tolist()
+    newest: np.ndarray = np.maximum(out, 0)
     return newest
