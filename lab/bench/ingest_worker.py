@@ -13,6 +13,7 @@ flush, a line per CPU; collectd's value list per interface), keyed by host.
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -26,7 +27,7 @@ from typing import Any
 from confluent_kafka import Consumer, Producer
 
 from lab.bench.figures import BenchResult
-from lab.bench.ingest import SECOND, Adapter, adapters, on_host
+from lab.bench.ingest import SECOND, Adapter, adapters, on_host, refine_rate
 from services.topics import apply_topics, load_topic_specs
 
 TOPICS = {"prometheus": "telemetry.ingest.prom", "influx": "telemetry.ingest.influx",
@@ -44,12 +45,36 @@ def _cpu_s(pid: int) -> float:
 def _backlog(bootstrap: str, topic: str, a: Adapter, n: int, hosts: int) -> None:
     p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20})
     start = time.time_ns() - (n // hosts + 5) * SECOND
+    bodies: dict[int, bytes] = {}  # each host's message j is message j renamed: made once
     for i in range(n):
         host, j, second = a.sent(i, hosts)
-        body = a.message(j, start + second * SECOND)
-        p.produce(topic, on_host(body, host), key=b"b%03d" % host)
+        body = bodies.get(j)
+        if body is None:
+            body = bodies[j] = a.message(j, start + second * SECOND)
+        while True:
+            try:
+                p.produce(topic, on_host(body, host), key=b"b%03d" % host)
+                break
+            except BufferError:  # the producer's queue is full: let it drain
+                p.poll(0.1)
         p.poll(0)
-    p.flush(60)
+    p.flush(120)
+
+
+MIN_CPU_S = 2.0  # worker CPU a figure rests on: ticks of 10 ms and start-up effects vanish
+MAX_BACKLOG_BYTES = 256 << 20
+
+
+def sized(a: Adapter, least: int, hosts: int) -> int:
+    """Messages of ``a`` for about ``MIN_CPU_S`` * 1.25 of worker CPU (at least ``least``),
+    from its in-process refine rate (the worker's is lower: Kafka I/O, accounting), within
+    ``MAX_BACKLOG_BYTES`` of backlog."""
+    one_line = a.samples <= 64
+    probe = 20 * hosts if one_line else 2 * hosts
+    rate = refine_rate(a, probe, hosts)
+    want = math.ceil(MIN_CPU_S * 1.25 * rate / a.samples)
+    cap = MAX_BACKLOG_BYTES // max(1, len(a.message(0, time.time_ns())))
+    return max(least, min(want, cap))
 
 
 @dataclass(frozen=True)
@@ -150,26 +175,33 @@ def freshness(bootstrap: str, a: Adapter, rate: float, seconds: float, hosts: in
 
 def bench_ingest_worker(k: Any, messages: int) -> BenchResult:
     """``refinery bench``'s end-to-end figure of each adapter: the worker's samples per
-    CPU-second on a backlog of ``messages`` messages from 100 hosts (one-line ones: ten
-    times as many, from 300), each adapter on topics of its own."""
+    CPU-second on a backlog from 100 hosts (one-line messages: from 300) sized for about
+    ``MIN_CPU_S`` of worker CPU (:func:`sized`; at least ``messages`` messages, one-line
+    ones ten times as many), each adapter on topics of its own. A run that still measures
+    under 3/4 of ``MIN_CPU_S`` reports no figure (N/A) and says why."""
     r = BenchResult("ingest_worker")
     if messages <= 0:
         r.skipped = "quick and full runs only: a smaller backlog is refined before it is timed"
         return r
     for a in adapters():
         one_line = a.samples <= 64
-        n, hosts = (messages * 10, 300) if one_line else (messages, 100)
+        least, hosts = (messages * 10, 300) if one_line else (messages, 100)
+        n = sized(a, least, hosts)
         w = worker_rate(k.kafka.bootstrap_servers, a, n, hosts, k.fresh_topics())
         records, cpu = w.records, w.cpu_s
         if records < n // 2 or cpu <= 0 or w.refined_samples < records * a.samples // 2:
             raise RuntimeError(f"{a.name}: {records} of {n} records timed ({cpu:.2f} CPU-s), "
                                f"{w.refined_samples} samples refined: {w.outcomes}")  # fmt: skip
-        rate = w.refined_samples / cpu
         as_rates = " (read as rates, as the topic declares)" * (a.format == "collectd_counters")
+        rate, why = w.refined_samples / cpu, ""
+        if cpu < MIN_CPU_S * 0.75:  # too little work to time: no figure, and why
+            rate = float("nan")
+            why = (f"; N/A: {cpu:.2f} CPU-s is too little to time (under "
+                   f"{MIN_CPU_S * 0.75:.1f}), the backlog being capped at "
+                   f"{MAX_BACKLOG_BYTES >> 20} MiB")  # fmt: skip
         r.add(f"ingest_{a.name}_worker_samples_per_cpu_s", rate, "samples/CPU-s",
               note=f"refined samples of a worker subprocess, {records} of {n} records after "
-              f"its first, "
-              f"{cpu:.1f} CPU-s{as_rates}")  # fmt: skip
+              f"its first, {cpu:.1f} CPU-s{as_rates}{why}")  # fmt: skip
         r.details[a.name] = {"messages": n, "hosts": hosts, "records": records, "cpu_s": cpu,
                              "refined": w.refined_samples, "outcomes": w.outcomes}  # fmt: skip
     return r

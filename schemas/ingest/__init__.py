@@ -156,9 +156,10 @@ class IngestDecoder:
         is decoded message by message, as are Prometheus text and OTLP protobuf. Raises
         nothing."""
         fmt = self.formats.get(topic, Format.REFINERY)
-        if _plain(msgs):  # no headers, every value within bounds: the common case
+        values = list(map(itemgetter(0), msgs))
+        if _plain(msgs, values):  # no headers, every value within bounds: the common case
             ok = list(range(len(msgs)))
-            bodies = cast(list[bytes], list(map(itemgetter(0), msgs)))
+            bodies = cast(list[bytes], values)
             media: set[str | None] = {None}
             rejected: dict[int, RejectedInput] = {}
         else:
@@ -213,11 +214,11 @@ class IngestDecoder:
         return Decoded(units, rejected)
 
 
-def _plain(msgs: list[Message]) -> bool:
+def _plain(msgs: list[Message], values: list[bytes | None]) -> bool:
     """Whether no message has a header and every value is within bounds."""
-    if not msgs or any(map(itemgetter(1), msgs)):
+    if not msgs or any(map(itemgetter(1), msgs)) or None in values:
         return False
-    sizes = [len(m[0]) if m[0] else 0 for m in msgs]
+    sizes = list(map(len, cast(list[bytes], values)))
     return min(sizes) > 0 and max(sizes) <= MAX_MESSAGE_BYTES
 
 

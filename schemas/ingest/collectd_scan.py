@@ -27,7 +27,6 @@ import pyarrow.compute as pc
 
 from schemas.ingest.assemble import Points, SeriesRegistry
 
-_SPACE = (32, 9)
 _NEVER = (b"\r", b"\\", b"\x00")  # a carriage return, an escape, a NUL: not this path
 _PAD = 16
 
@@ -76,10 +75,10 @@ _LIMIT = 50_000
 
 
 def _skip(a: np.ndarray, p: np.ndarray) -> np.ndarray:
-    """``p`` moved past up to four spaces or tabs."""
-    for _ in range(4):
-        p = p + ((a[p] == _SPACE[0]) | (a[p] == _SPACE[1]))
-    return p
+    """``p`` moved past one space (``json.dumps``'s spelling; more make the checks that
+    follow fail, and the wave takes the JSON path)."""
+    moved: np.ndarray = p + (a[p] == 32)
+    return moved
 
 
 def _keys(a: np.ndarray, name: bytes) -> np.ndarray:
@@ -132,8 +131,6 @@ def _locate(a: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> tuple[np.nda
     rb = rbs[k]
     t1 = _ends(a, t0, (ord(","), ord("}")), 40)
     stop = t1
-    for _ in range(4):  # spaces after the number
-        t1 = t1 - ((a[t1 - 1] == _SPACE[0]) | (a[t1 - 1] == _SPACE[1]))
     if (rb >= ends).any() or (stop < 0).any() or (stop >= ends).any() or (t1 <= t0).any():
         return None
     return lb, rb, t0, t1
@@ -218,6 +215,10 @@ def _template_codes(keys: list[bytes], store_rates: bool, reg: SeriesRegistry,
     if cache.generation != reg.generation or len(cache.code) > _LIMIT:
         cache.reset(reg.generation)
     code = cache.code
+    try:
+        return np.fromiter(map(code.__getitem__, keys), np.int64, len(keys))
+    except KeyError:
+        pass  # a template not seen yet
     for k in set(keys).difference(code):
         try:
             doc = json.loads(k)

@@ -16,9 +16,10 @@ set message by message (:meth:`schemas.ingest.IngestDecoder.decode_many`).
 
 from __future__ import annotations
 
+from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
-from itertools import count
-from operator import attrgetter
+from itertools import count, repeat
+from operator import attrgetter, is_not
 from typing import cast
 
 import numpy as np
@@ -171,7 +172,7 @@ def _message_nodes(
     else its Kafka key."""
     m, width = len(pos), len(names) + 1
     has = node_code >= 0
-    pairs = np.unique(msg[has] * width + node_code[has])
+    pairs, _ = _unique(msg[has] * width + node_code[has])
     owner, codes = pairs // width, pairs % width
     per = np.bincount(owner, minlength=m)
     code = np.full(m, -1, dtype=np.int64)
@@ -239,8 +240,8 @@ def assemble_many(
             name = got.metrics.names[int(got.metric[uniq[i]])]
             INEXACT.inexact[name] = INEXACT.inexact.get(name, 0) + int((inv[inexact] == i).sum())
     value = np.where(ok, raw.astype(np.float64), value)
-    metric = got.metrics.array().take(pa.array(got.metric[uniq][inv], pa.int32()))
-    device = got.devices.array().take(pa.array(got.device[uniq][inv], pa.int32()))
+    metric = got.metrics.array().take(got.metric[uniq].astype(np.int32)[inv])
+    device = got.devices.array().take(got.device[uniq].astype(np.int32)[inv])
     n = len(ts_all)
     text = pa.array(points.text, pa.string()) if points.text else pa.nulls(n, pa.string())
     table = pa.Table.from_arrays(
@@ -269,32 +270,27 @@ def _sources(
     index there; -1: rejected) and the sources' messages one after the other. A rejected
     message's node is None."""
     m = len(pos)
-    valid = np.ones(m, dtype=bool)
-    valid[list(rejected)] = False
-    combined = _codes(node_of, m)
-    parts = np.fromiter(map(attrgetter("partition"), pos), np.int64, m)
-    combined = combined * (int(parts.max(initial=0)) + 1) + parts - int(parts.min(initial=0))
-    if boot_ids is not None:
-        boots = _codes(boot_ids, m)
-        combined = combined * (int(boots.max(initial=0)) + 1) + boots
+    nodes = list(node_of)
+    for k in rejected:
+        nodes[k] = None
+    parts = list(map(attrgetter("partition"), pos))
+    items: Iterable[Hashable] = nodes  # one partition, no boot ids: the node says the source
+    if boot_ids is not None or (m and parts.count(parts[0]) != m):
+        items = zip(nodes, parts, boot_ids or repeat("ingest"), strict=False)  # boots: repeat
+    seen: dict[Hashable, int] = {}
+    first = np.fromiter(map(seen.setdefault, items, count()), np.int64, m)  # its first message
+    valid = np.fromiter(map(is_not, nodes, repeat(None)), bool, m)
     key = np.full(m, -1, dtype=np.int64)
     if not valid.any():
         return [], key, np.zeros(0, dtype=np.int64)
-    uniq, inv = _unique(combined[valid])
-    first = np.full(len(uniq), m, dtype=np.int64)
-    np.minimum.at(first, inv, np.arange(len(inv)))
-    rank = np.empty(len(uniq), dtype=np.int64)
-    rank[np.argsort(first, kind="stable")] = np.arange(len(uniq))
-    key[valid] = rank[inv]
+    uniq, key[valid] = _unique(first[valid])  # ascending: in order of first appearance
     in_order = np.argsort(key, kind="stable")[m - int(valid.sum()) :]
     order = in_order.tolist()
     cuts = [0, *np.cumsum(np.bincount(key[valid], minlength=len(uniq))).tolist()]
-    boot = boot_ids or ["ingest"] * m
     srcs = []
-    for i in range(len(uniq)):
-        members = order[cuts[i] : cuts[i + 1]]
-        k = members[0]
-        srcs.append(((cast(str, node_of[k]), pos[k].partition, boot[k]), members))
+    for i, k in enumerate(uniq.tolist()):
+        boot = boot_ids[k] if boot_ids else "ingest"
+        srcs.append(((cast(str, nodes[k]), pos[k].partition, boot), order[cuts[i] : cuts[i + 1]]))
     return srcs, key, in_order
 
 
@@ -302,7 +298,7 @@ def _unique(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``np.unique(ids, return_inverse=True)`` of small non-negative ids, by a lookup table
     where the ids are few enough for one."""
     top = int(ids.max(initial=-1)) + 1
-    if top > 8 * len(ids) + 4096 or (len(ids) and int(ids.min()) < 0):
+    if top > max(8 * len(ids), 1 << 16) or (len(ids) and int(ids.min()) < 0):
         uniq, inv = np.unique(ids, return_inverse=True)
         return uniq, inv
     seen = np.zeros(top, dtype=bool)
