@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
 from itertools import count, repeat
-from operator import attrgetter, is_not
+from operator import attrgetter
 from typing import cast
 
 import numpy as np
@@ -279,7 +279,8 @@ def _sources(
         items = zip(nodes, parts, boot_ids or repeat("ingest"), strict=False)  # boots: repeat
     seen: dict[Hashable, int] = {}
     first = np.fromiter(map(seen.setdefault, items, count()), np.int64, m)  # its first message
-    valid = np.fromiter(map(is_not, nodes, repeat(None)), bool, m)
+    valid = np.ones(m, dtype=bool)  # a message without a node is a rejected one
+    valid[list(rejected)] = False
     key = np.full(m, -1, dtype=np.int64)
     if not valid.any():
         return [], key, np.zeros(0, dtype=np.int64)
