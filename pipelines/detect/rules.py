@@ -217,6 +217,10 @@ class RuleEngine:
         out += expire_events(self._events + self._metric_events, self.book, now_ns)
         return out
 
+    def accounted_nodes(self) -> set[str]:
+        """Nodes of which the refiner accounted for raw records with refined rows."""
+        return {node for (_, node), np_ in self.nodes.items() if np_.accounted >= 0}
+
     def silent_nodes(self) -> set[str]:
         """Nodes with a source a silence rule has found silent (firing)."""
         names = {r.name for r in self._silent}

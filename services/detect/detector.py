@@ -34,8 +34,9 @@ from schemas.topics import TOPICS
 DEFAULT_RULES = Path(__file__).resolve().parents[2] / "deploy" / "rules" / "default.yaml"
 FIRST_DATA_NS = 120_000_000_000  # how long held collectives wait for the first refined data
 # how far past a collective (data time) the watermark may go while a node of its job has not
-# been read that far: past it, a node that sends nothing does not hold its job's judgement
-NODE_WAIT_NS = 120_000_000_000
+# been read that far: a backstop where no silence rule judges a node that stopped (a worker
+# catching up on a backlog reads nodes minutes of data time apart)
+NODE_WAIT_NS = 600_000_000_000
 
 
 @dataclass
@@ -131,12 +132,13 @@ class Detector:
             if node is not None and ts > latest.get(node, 0):
                 latest[node] = ts
 
-    def _covered(self, t: pa.Table, silent: set[str]) -> bool:
+    def _covered(self, t: pa.Table, silent: set[str], accounted: set[str]) -> bool:
         """Refined data covers held collectives ``t`` plus the grace: the watermark has passed
         it, and so has every node of their jobs (refined partitions interleave nodes read at
         paces of their own: one node ahead moves a partition's newest ts past another's),
         but for nodes found silent. A node behind holds them back ``NODE_WAIT_NS`` at most;
-        a node never read (not monitored) does not."""
+        a node of which neither refined rows nor accounting were read (not monitored) does
+        not."""
         due = int(pc.max(t.column("ts_ns")).as_py()) + self.grace_ns
         if due > self.watermark:
             return False
@@ -146,13 +148,17 @@ class Detector:
         for job in pc.unique(t.column("job")).to_pylist():
             p = placements.get(job)
             for node in p.nodes if p is not None else ():
-                if 0 < self._node_latest.get(node, 0) < due and node not in silent:
+                latest = self._node_latest.get(node, 0)
+                if latest < due and node not in silent and (latest or node in accounted):
                     return False
         return True
 
     def _release_collectives(self, now_ns: int, force: bool = False) -> Emitted:
-        silent = self.engine.silent_nodes() if self._held and not force else set()
-        ready = [t for t in self._held if force or self._covered(t, silent)]
+        silent: set[str] = set()
+        accounted: set[str] = set()
+        if self._held and not force:
+            silent, accounted = self.engine.silent_nodes(), self.engine.accounted_nodes()
+        ready = [t for t in self._held if force or self._covered(t, silent, accounted)]
         if not ready:
             return Emitted()
         self._held = [t for t in self._held if not any(t is r for r in ready)]

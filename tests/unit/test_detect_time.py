@@ -249,3 +249,29 @@ def test_held_collectives_wait_for_every_node_of_their_job_not_for_the_partition
     assert {(a.rule, a.node) for a in silent} == {("exporter_silent", "n2")}
     (b,) = d2.advance(T0 + 40 * S, T0).alerts
     assert b.rule == "nccl_straggler" and b.cause == "none found"
+
+
+def test_a_node_accounted_for_but_not_yet_read_holds_its_jobs_collectives() -> None:
+    """The refiner accounted for raw records of n2 with refined rows, none of which detect
+    has read yet: they are coming, so n2's job waits; a node neither read nor accounted for
+    (not monitored) holds nobody."""
+    d = Detector(default_catalog(), topology=Topo(), grace_ns=3 * S)
+    d.set_jobs([PLACEMENT])
+    for t in collectives(range(10)):
+        d.on_collectives(t, T0)
+    d.on_progress(0, 7, T0 + 2 * S, "n2", rows=True)
+    for t in other_node(0, 40):
+        d.on_refined(t, T0)
+    assert d.advance(T0 + 39 * S, T0).alerts == []
+    for _, t in batches(storm_rows(20)):
+        d.on_refined(t, T0)
+    (a,) = d.advance(T0 + 40 * S, T0).alerts
+    assert a.cause is not None and a.cause.startswith("PFC storm on leaf-p0-r3 port 2"), a.cause
+    d2 = Detector(default_catalog(), topology=Topo(), grace_ns=3 * S)
+    d2.set_jobs([PLACEMENT])
+    for t in collectives(range(10)):
+        d2.on_collectives(t, T0)
+    for t in other_node(0, 40):
+        d2.on_refined(t, T0)
+    (b,) = d2.advance(T0 + 39 * S, T0).alerts
+    assert b.cause == "none found"
