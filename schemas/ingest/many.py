@@ -221,13 +221,15 @@ def assemble_many(
     code_u = np.searchsorted(used, node_u)  # a local code per node of the set
     code_u[node_u < 0] = -1
     nodes = [got.nodes.names[c] for c in used.tolist()]
-    node_of, bad = _message_nodes(code_u[inv], msg, nodes, pos)
-    rejected.update({k: e for k, e in bad.items() if k not in rejected})
+    fast = None if rejected or boot_ids is not None else _by_label(code_u[inv], msg, nodes, pos)
+    if fast is None:
+        node_of, bad = _message_nodes(code_u[inv], msg, nodes, pos)
+        rejected.update({k: e for k, e in bad.items() if k not in rejected})
     factor_u, counter_u = got.factor[uniq], got.counter[uniq]
     append = np.fromiter(map(attrgetter("append_ns"), pos), np.int64, m)
     ts_all = np.where(points.ts < 0, append[msg], points.ts)
     sent = _newest(ts_all, counts, append)
-    srcs, key, order = _sources(node_of, rejected, pos, boot_ids)
+    srcs, key, order = _sources(node_of, rejected, pos, boot_ids) if fast is None else fast
     rows = _order(key, msg)
     if rows is not None:  # the sources' messages interleave, or some are rejected
         points = _take(points, rows)
@@ -258,6 +260,40 @@ def assemble_many(
         units.append(Unit(src, table_rows, members, cnt[at:end], sent_in[at:end]))
         at = end
     return Decoded(units, rejected)
+
+
+def _by_label(
+    node_code: np.ndarray, msg: np.ndarray, names: list[str], pos: list[Position]
+) -> tuple[list[tuple[tuple[str, int, str], list[int]]], np.ndarray, np.ndarray] | None:
+    """:func:`_sources` where it is simple (None where not): every message has samples, all
+    of one node label, a valid name; one partition, no boot ids, nothing rejected."""
+    m = len(pos)
+    parts = list(map(attrgetter("partition"), pos))
+    if m == 0 or parts.count(parts[0]) != m or not (node_code >= 0).all():
+        return None
+    code = np.full(m, -1, dtype=np.int64)
+    code[msg] = node_code
+    if not ((code >= 0).all() and (code[msg] == node_code).all()):
+        return None
+    checked = [_checked_node(n) for n in names]
+    canon: dict[str, int] = {}
+    ids = []
+    for c in checked:
+        if not isinstance(c, str):
+            return None
+        ids.append(canon.setdefault(c, len(canon)))
+    node = np.array(ids, dtype=np.int64)[code]
+    uniq, first, inv = np.unique(node, return_index=True, return_inverse=True)
+    rank = np.empty(len(uniq), dtype=np.int64)
+    rank[np.argsort(first, kind="stable")] = np.arange(len(uniq))
+    key = rank[inv]
+    order = np.argsort(key, kind="stable")
+    cuts = [0, *np.cumsum(np.bincount(key, minlength=len(uniq))).tolist()]
+    members = order.tolist()
+    by_rank = np.sort(first).tolist()
+    srcs = [((cast(str, checked[int(code[k])]), parts[0], "ingest"), members[cuts[i] : cuts[i + 1]])
+            for i, k in enumerate(by_rank)]  # fmt: skip
+    return srcs, key, order
 
 
 def _sources(
