@@ -26,7 +26,7 @@ synthesizes and what it cannot guarantee).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from enum import StrEnum
 from operator import itemgetter
 from typing import cast
@@ -157,8 +157,9 @@ class IngestDecoder:
         nothing."""
         fmt = self.formats.get(topic, Format.REFINERY)
         values = list(map(itemgetter(0), msgs))
+        ok: Sequence[int]
         if _plain(msgs, values):  # no headers, every value within bounds: the common case
-            ok = list(range(len(msgs)))
+            ok = range(len(msgs))
             bodies = cast(list[bytes], values)
             media: set[str | None] = {None}
             rejected: dict[int, RejectedInput] = {}
@@ -216,9 +217,12 @@ class IngestDecoder:
 
 def _plain(msgs: list[Message], values: list[bytes | None]) -> bool:
     """Whether no message has a header and every value is within bounds."""
-    if not msgs or any(map(itemgetter(1), msgs)) or None in values:
+    if not msgs or any(map(itemgetter(1), msgs)):
         return False
-    sizes = list(map(len, cast(list[bytes], values)))
+    try:
+        sizes = list(map(len, cast(list[bytes], values)))
+    except TypeError:  # a message without a value
+        return False
     return min(sizes) > 0 and max(sizes) <= MAX_MESSAGE_BYTES
 
 

@@ -81,12 +81,23 @@ def _skip(a: np.ndarray, p: np.ndarray) -> np.ndarray:
     return moved
 
 
-def _keys(a: np.ndarray, name: bytes) -> np.ndarray:
-    """Where each key ``name`` is followed by its colon: the position after the colon."""
+def _quotes(a: np.ndarray, first: bytes) -> np.ndarray:
+    """Where a quote is followed by one of the bytes ``first``: every key that may follow."""
+    m = len(a) - 16
+    after = a[1 : m + 1]
+    hit = after == first[0]
+    for c in first[1:]:
+        hit |= after == c
+    found: np.ndarray = np.flatnonzero(hit & (a[:m] == 34))
+    return found
+
+
+def _keys(a: np.ndarray, c: np.ndarray, name: bytes) -> np.ndarray:
+    """Of the quotes ``c``, where the key ``name`` is followed by its colon: the position
+    after the colon."""
     n = len(name)
-    m = len(a) - n - 2
-    c = np.flatnonzero((a[:m] == 34) & (a[1 : m + 1] == name[0]) & (a[n + 1 : m + n + 1] == 34))
-    for i in range(1, n):
+    c = c[a[c + n + 1] == 34]
+    for i in range(n):
         c = c[a[c + 1 + i] == name[i]]
     colon = _skip(a, c + n + 2)
     after: np.ndarray = colon[a[colon] == ord(":")] + 1
@@ -118,8 +129,9 @@ def _ends(a: np.ndarray, start: np.ndarray, stops: tuple[int, ...], width: int) 
 
 def _locate(a: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, ...] | None:
     """(values' ``[``, its ``]``, time's first byte, its end) per message, or None."""
-    lb = _skip(a, _keys(a, b"values"))
-    t0 = _skip(a, _keys(a, b"time"))
+    q = _quotes(a, b"vt")
+    lb = _skip(a, _keys(a, q, b"values"))
+    t0 = _skip(a, _keys(a, q, b"time"))
     if not (_one_each(lb, starts, ends) and _one_each(t0, starts, ends)):
         return None
     if not (a[lb] == ord("[")).all():
