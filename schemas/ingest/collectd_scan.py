@@ -18,7 +18,6 @@ rejected alone, with its reason). A message read here gives exactly what ``json.
 from __future__ import annotations
 
 import json
-from itertools import chain
 from typing import Any
 
 import numpy as np
@@ -151,12 +150,17 @@ def _locate(a: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> tuple[np.nda
 def _numbers(a: np.ndarray, lb: np.ndarray, rb: np.ndarray) -> tuple[Any, ...] | None:
     """The values of every message, read by ``json`` as one document: (per message count,
     float value, exact, exact ok)."""
-    text = a[_span_index(lb, rb + 1)].tobytes()
-    lists = json.loads(b"[" + text.replace(b"][", b"],[") + b"]")
-    if len(lists) != len(lb):
+    lens = rb + 1 - (lb + 1)  # each list's text and its closing bracket
+    data = a[_span_index(lb + 1, rb + 1)]
+    ends = np.cumsum(lens)
+    data[ends - 1] = ord(",")  # the lists one after the other: one list
+    count = np.add.reduceat((data == ord(",")).astype(np.int64), ends - lens)
+    text = data[:-1].tobytes()
+    flat = json.loads(b"[" + text + b"]")
+    # a message's values are at most its commas + 1 (commas within a value add): the same
+    # total means each has exactly as many as its commas say
+    if len(flat) != int(count.sum()):
         return None
-    count = np.fromiter(map(len, lists), np.int64, len(lists))
-    flat = list(chain.from_iterable(lists))
     arr = np.array(flat)
     if arr.dtype.kind == "i" and b"true" not in text and b"false" not in text:
         value = arr.astype(np.float64)

@@ -84,6 +84,9 @@ def _mixed(k: int, rng: random.Random) -> dict[str, Any]:
                    values=[2**53 + 1 + k])  # fmt: skip
     if kind == 3:
         return _vl(k, dstypes=["absolute", "gauge"], values=[30 + k, float("nan")])
+    if k % 10 == 4:  # many data sources in one list
+        return _vl(k, dstypes=["gauge"] * 200, dsnames=[f"d{i}" for i in range(200)],
+                   values=[i * 0.5 for i in range(200)])  # fmt: skip
     return _vl(k, time=int(1.7e9) + k, interval=1)
 
 
@@ -115,6 +118,8 @@ BAD: list[bytes] = [
     _body(_vl(1)).replace(b"]", b", ]", 1),  # not JSON
     _body(_vl(1)).replace(b"4096", b"4096 7", 1),  # not JSON
     _body(_vl(1))[:-1],  # cut short
+    _body(_vl(1, values=[], dstypes=[], dsnames=[])),  # no values
+    _body(_vl(1, values=[{"a": 1, "b": 2}])),  # an object
 ]
 
 
