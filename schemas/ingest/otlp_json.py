@@ -4,9 +4,10 @@ point.
 
 Each message is one line (as the Collector writes it): the lines are one NDJSON block for
 :func:`pyarrow.json.read_json`, and the nested lists (resource metrics, scope metrics,
-metrics, data points) are flattened with Arrow kernels. A point's series is the text of its
-resource's and its own attributes with the metric's name, resolved to a series id once per
-distinct text. The table is exactly :func:`schemas.ingest.otlp.decode_otlp`'s of each
+metrics, data points) are flattened with Arrow kernels. A point's series is its metric's
+name, its resource's attributes and its own, each part's text given a stable code once;
+only a wave's distinct combinations of codes are looked up, and a new one is resolved to a
+series id from its texts. The table is exactly :func:`schemas.ingest.otlp.decode_otlp`'s of each
 message. Anything else (histograms, summaries, double or boolean attributes, a message on
 several lines, a document without ``resourceMetrics``) raises, and the caller decodes the
 set message by message.
@@ -14,7 +15,8 @@ set message by message.
 
 from __future__ import annotations
 
-from typing import Any
+from itertools import repeat
+from typing import Any, cast
 
 import numpy as np
 import pyarrow as pa
@@ -129,51 +131,64 @@ def _kinds(metrics: Any) -> tuple[Any, Any, np.ndarray, np.ndarray]:
     return gauge, sm, counter, rate
 
 
-class _Known:
-    """Series texts already given an id in ``_REG`` (of its generation), for looking a
-    wave's distinct texts up in one Arrow call."""
+_BITS = 21  # a part's code in a series' composite key
+
+
+class _Combos:
+    """Series ids by their three parts (metric name and suffix, resource attributes, point
+    attributes), each part's text given a stable code once: a wave's points hash their
+    short attribute texts, and only its distinct combinations of codes are looked up."""
 
     def __init__(self) -> None:
-        self._clear()
-
-    def _clear(self) -> None:
         self.gen = -1
-        self.texts: list[str] = []
-        self.ids: list[int] = []
-        self.array: pa.Array | None = None
-        self.id_array = np.zeros(0, dtype=np.int64)
+        self.codes: tuple[dict[str, int], ...] = ({}, {}, {})
+        self.texts: tuple[list[str], ...] = ([], [], [])
+        self.ids: dict[int, int] = {}
 
-    def lookup(self, distinct: pa.Array) -> np.ndarray:
-        if self.gen != _REG.generation or len(self.texts) > _REG.limit:
-            self._clear()
-            self.gen = _REG.generation
-        if self.array is None or len(self.array) != len(self.texts):
-            self.array = pa.array(self.texts, pa.string())
-            self.id_array = np.array(self.ids, dtype=np.int64)
-        out = np.full(len(distinct), -1, dtype=np.int64)
-        if len(self.texts):
-            where = pc.index_in(distinct, value_set=self.array).fill_null(-1).to_numpy()
-            out = np.where(where >= 0, self.id_array[np.maximum(where, 0)], -1)
-        missing = np.flatnonzero(out < 0)
-        if missing.size:
-            for j, t in zip(missing.tolist(), distinct.take(pa.array(missing)).to_pylist(),
-                            strict=True):  # fmt: skip
-                name, suffix, res, attrs = t.split(_PART)
-                pairs = [tuple(a.split(_KV, 1)) for a in (res + _ATTR + attrs).split(_ATTR) if a]
-                out[j] = _REG.id_of((name, tuple(sorted(pairs)), suffix))
-                self.texts.append(t)
-                self.ids.append(int(out[j]))
-        return out
+    def reset(self) -> None:
+        self.__init__()  # type: ignore[misc]
+        self.gen = _REG.generation
+
+    def part(self, i: int, strings: Any) -> np.ndarray:
+        """The stable code of each of ``strings`` as part ``i``."""
+        enc = strings.dictionary_encode()
+        codes, texts = self.codes[i], self.texts[i]
+        local = []
+        for t in enc.dictionary.to_pylist():
+            c = codes.get(t)
+            if c is None:
+                c = codes[t] = len(texts)
+                texts.append(t)
+            local.append(c)
+        got: np.ndarray = np.array(local, dtype=np.int64)[enc.indices.to_numpy()]
+        return got
+
+    def series(self, name: Any, res: Any, attrs: Any) -> np.ndarray:
+        """The id in ``_REG`` of each point's series from its three parts' texts."""
+        if (
+            self.gen != _REG.generation
+            or len(self.ids) > _REG.limit
+            or any(len(t) >= 1 << _BITS for t in self.texts)
+        ):
+            self.reset()
+        key = (self.part(0, name) << (2 * _BITS)) | (self.part(1, res) << _BITS)
+        key |= self.part(2, attrs)
+        uniq, inv = np.unique(key, return_inverse=True)
+        ids = self.ids
+        out = np.fromiter(map(ids.get, uniq.tolist(), repeat(-1)), np.int64, len(uniq))
+        mask = (1 << _BITS) - 1
+        for j in np.flatnonzero(out < 0).tolist():
+            k = int(uniq[j])
+            ns, r, a = (self.texts[i][(k >> (_BITS * (2 - i))) & mask] for i in range(3))
+            name_text, suffix = ns.split(_PART)
+            pairs = [cast(tuple[str, str], tuple(x.split(_KV, 1)))
+                     for x in (r + _ATTR + a).split(_ATTR) if x]  # fmt: skip
+            out[j] = ids[k] = _REG.id_of((name_text, tuple(sorted(pairs)), suffix))
+        got: np.ndarray = out[inv]
+        return got
 
 
-_KNOWN = _Known()
-
-
-def _series(text: Any) -> np.ndarray:
-    """The id in ``_REG`` of each series text (name, suffix, resource, point attributes)."""
-    enc = text.dictionary_encode()
-    got: np.ndarray = _KNOWN.lookup(enc.dictionary)[enc.indices.to_numpy()]
-    return got
+_COMBOS = _Combos()
 
 
 def decode_otlp_json_many(bodies: list[bytes]) -> tuple[Points, np.ndarray, list[str]]:
@@ -223,14 +238,13 @@ def decode_otlp_json_many(bodies: list[bytes]) -> tuple[Points, np.ndarray, list
     name = pc.struct_field(metrics, "name").cast(pa.string()).fill_null("")
     suffix = pa.array(np.where(rate, "rate", ""), pa.string())
     midx = pa.array(m)
-    text = pc.binary_join_element_wise(
-        name.take(midx), suffix.take(midx), res_text.take(pa.array(m_rm[m])), attrs, _PART
-    )
+    name_sfx = pc.binary_join_element_wise(name, suffix, _PART)
+    series = _COMBOS.series(name_sfx.take(midx), res_text.take(pa.array(m_rm[m])), attrs)
     msg = rm_msg[m_rm[m]]
     ok = is_counter & (ival >= 0)
     exact = np.where(ok, ival, 0).astype(np.uint64)
     boots = _boots(msg, start, is_counter, len(bodies))
-    pts = Points(_REG, _series(text), t, value, exact=exact, exact_ok=ok)
+    pts = Points(_REG, series, t, value, exact=exact, exact_ok=ok)
     return pts, msg, boots
 
 

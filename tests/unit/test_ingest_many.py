@@ -225,3 +225,12 @@ def test_one_line_value_lists_are_found_on_the_joined_text_as_one_by_one(odd: in
     for topic in ("cd", "cdc"):
         seen = _same_as_alone(topic, _msgs(bodies))
         assert seen >= set(range(12)) - {5}
+
+
+def test_otlp_json_series_seen_in_an_earlier_wave_keep_their_ids_new_ones_join() -> None:
+    first = _msgs([_otlp_json(k, f"h{k % 2}") for k in range(4)])
+    later = _msgs([_otlp_json(k, f"h{k % 3}") for k in range(4, 10)])  # h2 is new
+    assert _same_as_alone("otlp", first) == set(range(4))
+    assert _same_as_alone("otlp", later) == set(range(6))
+    hosts = {u.source.node for u in DEC.decode_many("otlp", later).units}
+    assert hosts == {"h0", "h1", "h2"}
