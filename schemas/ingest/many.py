@@ -282,15 +282,17 @@ def _by_label(
         if not isinstance(c, str):
             return None
         ids.append(canon.setdefault(c, len(canon)))
-    node = np.array(ids, dtype=np.int64)[code]
-    uniq, first, inv = np.unique(node, return_index=True, return_inverse=True)
-    rank = np.empty(len(uniq), dtype=np.int64)
-    rank[np.argsort(first, kind="stable")] = np.arange(len(uniq))
-    key = rank[inv]
+    node, k = np.array(ids, dtype=np.int64)[code], len(canon)
+    first = np.full(k, m, dtype=np.int64)  # each node's first message
+    np.minimum.at(first, node, np.arange(m))
+    by_first = np.argsort(first, kind="stable")
+    rank = np.empty(k, dtype=np.int64)
+    rank[by_first] = np.arange(k)
+    key = rank[node]
     order = np.argsort(key, kind="stable")
-    cuts = [0, *np.cumsum(np.bincount(key, minlength=len(uniq))).tolist()]
+    cuts = [0, *np.cumsum(np.bincount(key, minlength=k)).tolist()]
     members = order.tolist()
-    by_rank = np.sort(first).tolist()
+    by_rank = [f for f in first[by_first].tolist() if f < m]
     srcs = [((cast(str, checked[int(code[k])]), parts[0], "ingest"), members[cuts[i] : cuts[i + 1]])
             for i, k in enumerate(by_rank)]  # fmt: skip
     return srcs, key, order
