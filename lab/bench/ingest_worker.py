@@ -66,12 +66,13 @@ MAX_BACKLOG_BYTES = 256 << 20
 
 
 def sized(a: Adapter, least: int, hosts: int) -> int:
-    """Messages of ``a`` for about ``MIN_CPU_S`` * 1.25 of worker CPU (at least ``least``),
-    from its in-process refine rate (the worker's is lower: Kafka I/O, accounting), within
-    ``MAX_BACKLOG_BYTES`` of backlog."""
+    """Messages of ``a`` for about ``MIN_CPU_S`` * 1.25 of worker CPU or more (at least
+    ``least``), from its in-process refine rate, within ``MAX_BACKLOG_BYTES`` of backlog.
+    The worker's rate is lower (Kafka I/O, accounting records): 0.6-0.75 of it for large
+    messages, 0.3-0.5 for one-metric ones, which therefore need only half as many."""
     one_line = a.samples <= 64
-    probe = 20 * hosts if one_line else 2 * hosts
-    rate = refine_rate(a, probe, hosts)
+    probe = 10 * hosts if one_line else 2 * hosts
+    rate = refine_rate(a, probe, hosts) / (2 if one_line else 1)
     want = math.ceil(MIN_CPU_S * 1.25 * rate / a.samples)
     cap = MAX_BACKLOG_BYTES // max(1, len(a.message(0, time.time_ns())))
     return max(least, min(want, cap))
