@@ -122,7 +122,8 @@ class _Resolved:
 
     def resolve(self, reg: SeriesRegistry, ids: np.ndarray) -> None:
         self.grow(len(reg.keys))
-        for g in ids[~self.done[ids]].tolist():
+        missing = ids[~self.done[ids]]
+        for g in np.unique(missing).tolist() if missing.size else ():
             t = self.mapping.resolve(reg.keys[g])
             self.factor[g], self.counter[g] = t.factor, t.counter
             self.metric[g] = self.metrics.of(t.metric)
@@ -214,18 +215,16 @@ def assemble_many(
     rejected = dict(rejected)
     for k in np.flatnonzero(counts > MAX_ROWS).tolist():
         rejected[k] = RejectedInput(Reason.OVERSIZED, f"{int(counts[k])} samples > {MAX_ROWS}")
-    uniq, inv = _unique(points.gid)
-    got = _TARGETS.of(points.series, mapping, uniq)
-    node_u = got.node[uniq]
-    used = np.unique(node_u[node_u >= 0])
-    code_u = np.searchsorted(used, node_u)  # a local code per node of the set
-    code_u[node_u < 0] = -1
+    got = _TARGETS.of(points.series, mapping, points.gid)
+    node_s = got.node[points.gid]
+    used, _ = _unique(node_s[node_s >= 0])
+    code_s = np.searchsorted(used, node_s)  # a local code per node of the set
+    code_s[node_s < 0] = -1
     nodes = [got.nodes.names[c] for c in used.tolist()]
-    fast = None if rejected or boot_ids is not None else _by_label(code_u[inv], msg, nodes, pos)
+    fast = None if rejected or boot_ids is not None else _by_label(code_s, msg, nodes, pos)
     if fast is None:
-        node_of, bad = _message_nodes(code_u[inv], msg, nodes, pos)
+        node_of, bad = _message_nodes(code_s, msg, nodes, pos)
         rejected.update({k: e for k, e in bad.items() if k not in rejected})
-    factor_u, counter_u = got.factor[uniq], got.counter[uniq]
     append = np.fromiter(map(attrgetter("append_ns"), pos), np.int64, m)
     ts_all = np.where(points.ts < 0, append[msg], points.ts)
     sent = _newest(ts_all, counts, append)
@@ -233,17 +232,18 @@ def assemble_many(
     rows = _order(key, msg)
     if rows is not None:  # the sources' messages interleave, or some are rejected
         points = _take(points, rows)
-        inv, msg, ts_all = inv[rows], msg[rows], ts_all[rows]
-    factor, counter = factor_u[inv], counter_u[inv]
+        msg, ts_all = msg[rows], ts_all[rows]
+    gid = points.gid
+    factor, counter = got.factor[gid], got.counter[gid]
     value = points.value * factor
     ok, raw, inexact = _raw(points, value, counter, factor)
     if inexact.any():
-        for i in np.unique(inv[inexact]).tolist():
-            name = got.metrics.names[int(got.metric[uniq[i]])]
-            INEXACT.inexact[name] = INEXACT.inexact.get(name, 0) + int((inv[inexact] == i).sum())
+        for g in np.unique(gid[inexact]).tolist():
+            name = got.metrics.names[int(got.metric[g])]
+            INEXACT.inexact[name] = INEXACT.inexact.get(name, 0) + int((gid[inexact] == g).sum())
     value = np.where(ok, raw.astype(np.float64), value)
-    metric = got.metrics.array().take(got.metric[uniq].astype(np.int32)[inv])
-    device = got.devices.array().take(got.device[uniq].astype(np.int32)[inv])
+    metric = got.metrics.array().take(got.metric[gid].astype(np.int32))
+    device = got.devices.array().take(got.device[gid].astype(np.int32))
     n = len(ts_all)
     text = pa.array(points.text, pa.string()) if points.text else pa.nulls(n, pa.string())
     table = pa.Table.from_arrays(
