@@ -61,10 +61,11 @@ def decode_ingest(
         got = ingest.decode_many(topic, msgs)
         for k, e in got.rejected.items():
             out[idx[k]] = e
+        positions = [m[2] for m in msgs]
         for unit in got.units:
             members = [idx[k] for k in unit.members]
             joined = Joined(unit.table, len(members))
-            batches = unit.batches([m[2] for m in msgs])
+            batches = unit.batches(positions)
             for i, b in zip(members, batches, strict=True):
                 out[i] = Decoded(b, joined, members[0], members)
     return out
