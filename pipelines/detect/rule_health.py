@@ -71,6 +71,12 @@ class SourceState:
     topic: str = ""  # raw topic of its records (telemetry.raw or an ingest topic)
     partition: int = -1  # raw partition of its records (-1: not known)
     offset: int = -1  # raw offset of its newest record
+    # its interval in broker time (EWMA of append-time gaps, per batch): silence is judged in
+    # broker time, where a producer's pace, not the source's clock, spaces its records
+    broker_interval_ns: int = 0
+    fold_offset: int = -1  # the newest record folded into broker_interval_ns
+    fold_append_ns: int = 0
+    fold_batches: int = 0  # new batches seen since that record
 
 
 @dataclass
@@ -228,6 +234,7 @@ def observe_sources(
                 out.append(a)
         if ts <= st.last_ts:
             continue  # a second batch at the same instant (or late): not a new interval
+        st.fold_batches += 1
         if st.last_ts:
             gap = ts - st.last_ts
             # a clock step must not teach the source a long interval at once
@@ -310,8 +317,9 @@ def tick_silent(
         return out
     progress = {p: pp for p, pp in (progress or {}).items() if pp.offsets}
     for src, st in sources.items():
+        _fold_broker_interval(st, progress.get((st.topic, st.partition)))
         for rule in rules:
-            interval = rule.interval_ns or st.interval_ns
+            interval = rule.interval_ns or max(st.interval_ns, st.broker_interval_ns)
             if not interval or book.is_firing(rule.name, src):
                 continue
             q = _quiet(src, st, progress, nodes or {}, now_ns, interval)
@@ -324,6 +332,22 @@ def tick_silent(
                 ev |= {"raw_partition": st.partition, "raw_offset": st.offset}
                 out.append(_fire(book, rule, src, since, now_ns, vals, ev, entity_node(src)))
     return out
+
+
+def _fold_broker_interval(st: SourceState, pp: PartitionProgress | None) -> None:
+    """Fold the append-time gap since the last folded record of ``st``, per batch between,
+    into its broker-time interval. Its clock may space its batches otherwise: a clock run
+    fast, or a producer that cannot keep the exporter's pace."""
+    if pp is None or st.offset < 0 or st.offset == st.fold_offset:
+        return
+    append = pp.append_of(st.offset)
+    if append is None:
+        return
+    if st.fold_offset >= 0 and append > st.fold_append_ns and st.fold_batches > 0:
+        gap = (append - st.fold_append_ns) // st.fold_batches
+        bi = st.broker_interval_ns
+        st.broker_interval_ns = gap if not bi else (bi + gap) // 2
+    st.fold_offset, st.fold_append_ns, st.fold_batches = st.offset, append, 0
 
 
 def _level(

@@ -334,3 +334,42 @@ def test_a_leader_failover_silences_nobody_and_a_real_stop_after_it_fires() -> N
         ("exporter_silent", "n1|node|0", "firing")
     ]
     assert out[0].starts_ns == T0 + 34 * S
+
+
+def test_a_source_whose_records_the_broker_takes_slower_than_its_clock_is_not_silent() -> None:
+    """n1's clock spaces its batches 0.25 s apart, but its producer gets one to the broker
+    every 0.8 s, two at once at times (1.6 s gaps): silence is judged in broker time, on the
+    interval its records keep there, so n1 is not silent; when it stops while n2 goes on,
+    it is after three of those intervals."""
+    from pipelines.detect.rule_config import load_rules
+    from pipelines.detect.rules import RuleEngine
+    from services.detect.detector import DEFAULT_RULES
+
+    cat = default_catalog()
+    e = RuleEngine(load_rules(DEFAULT_RULES, cat), cat, raw_topic="telemetry.raw")
+    out: list[Any] = []
+    off, append = 0, T0
+
+    def n2_until(end: int) -> None:  # n2's records every 0.2 s, detect ticking after each
+        nonlocal off, append, out
+        while append + S // 5 < end:
+            append += S // 5
+            off += 1
+            e.on_progress(0, off, append, "n2", False)
+            out += e.tick(append)
+
+    for k in range(60):
+        n2_until(append + (8 * S // 10 if k % 7 else 16 * S // 10))
+        append += S // 5
+        off += 1
+        e.on_progress(0, off, append, "n1", True)
+        row = {"node": "n1", "device": "node", "metric": "mem.available_bytes",
+               "ts": T0 + k * S // 4, "value": 5e11 + k, "exporter": "node", "seq": k,
+               "raw_partition": 0, "raw_offset": off}  # fmt: skip
+        out += e.evaluate(refined([row]), append)
+        out += e.tick(append)
+    assert out == []
+    n2_until(append + 3 * S)  # n1 stops; n2's records go on
+    assert [(a.rule, a.entity, a.state.value) for a in out] == [
+        ("exporter_silent", "n1|node|0", "firing")
+    ]
