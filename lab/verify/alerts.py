@@ -18,6 +18,7 @@ file gets a row, firing or not (:func:`by_rule`).
 
 from __future__ import annotations
 
+import bisect
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -46,6 +47,9 @@ class Run:
     speed: float | None
     interval_ns: int = S
     factor: float = 1.0  # true time per broker time: the speed (flat out: as measured)
+    # (true times, broker times) the publisher really kept: a run faster than real time whose
+    # publisher could not keep its speed ran slower, and unevenly; None: ``factor`` throughout
+    knots: tuple[tuple[int, ...], tuple[int, ...]] | None = None
 
     @property
     def real_time(self) -> bool:
@@ -53,11 +57,51 @@ class Run:
 
     def to_true(self, t: int) -> int:
         """A broker (aligned, processing) time as the simulator's true time: they start
-        together, and true time runs ``factor`` times faster."""
+        together, and true time runs ``factor`` times faster (or as the knots say)."""
+        if self.knots is not None:
+            return _interp(t, self.knots[1], self.knots[0], self.factor)
         return t if self.factor == 1.0 else self.start_ns + round((t - self.start_ns) * self.factor)
 
     def to_broker(self, t: int) -> int:
+        if self.knots is not None:
+            return _interp(t, self.knots[0], self.knots[1], 1 / self.factor)
         return t if self.factor == 1.0 else self.start_ns + round((t - self.start_ns) / self.factor)
+
+
+def _interp(t: int, xs: tuple[int, ...], ys: tuple[int, ...], slope: float) -> int:
+    """``t`` on the piecewise-linear map ``xs -> ys``; past either end, on ``slope``."""
+    if t <= xs[0]:
+        return ys[0] - round((xs[0] - t) * slope)
+    if t >= xs[-1]:
+        return ys[-1] + round((t - xs[-1]) * slope)
+    i = bisect.bisect_right(xs, t)
+    x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+    return y0 + round((t - x0) * (y1 - y0) / (x1 - x0)) if x1 > x0 else y0
+
+
+def _kept_pace(
+    con: duckdb.DuckDBPyConnection, start: int
+) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """Per second of true time, the median aligned time of the run's samples true in it
+    (``verify_err``, :func:`lab.verify.data.clock_figures`), kept non-decreasing and anchored
+    at the run's start: the pace the publisher really kept, on the time detections carry.
+    None without such samples."""
+    try:
+        rows = con.execute(
+            """SELECT true_ns // 1000000000 AS sec, median(aligned_ns)
+               FROM verify_err GROUP BY 1 ORDER BY 1"""
+        ).fetchall()
+    except duckdb.CatalogException:
+        return None
+    if len(rows) < 2:
+        return None
+    xs, ys = [start], [start]
+    for sec, aligned in rows:
+        x, y = int(sec) * S + S // 2, max(int(aligned), ys[-1])
+        if x > xs[-1]:
+            xs.append(x)
+            ys.append(y)
+    return tuple(xs), tuple(ys)
 
 
 def run_of(con: duckdb.DuckDBPyConnection, facts: Mapping[str, Any] | None) -> Run:
@@ -66,8 +110,14 @@ def run_of(con: duckdb.DuckDBPyConnection, facts: Mapping[str, Any] | None) -> R
     if facts:
         speed = None if facts.get("speed") is None else float(facts["speed"])
         start, end = int(facts["start_ns"]), int(facts["end_ns"])
-        factor = speed if speed is not None else _measured_factor(con, start, end)
-        return Run(start, end, speed, int(facts.get("interval_ns") or S), max(1.0, factor))
+        interval = int(facts.get("interval_ns") or S)
+        if speed is None:
+            return Run(start, end, None, interval, max(1.0, _measured_factor(con, start, end)))
+        knots = None if abs(speed - 1.0) < 1e-9 else _kept_pace(con, start)
+        if knots is None:
+            return Run(start, end, speed, interval, max(1.0, speed))
+        kept = (knots[0][-1] - knots[0][0]) / max(1, knots[1][-1] - knots[1][0])
+        return Run(start, end, speed, interval, max(1.0, kept), knots)
     row = con.execute(
         "SELECT min(due_true_ns), max(due_true_ns) FROM truth_sends WHERE stream = 'raw'"
     ).fetchone()

@@ -137,7 +137,8 @@ def clock_figures(con: duckdb.DuckDBPyConnection, worst: int = 5) -> ClockFigure
         WITH l AS (SELECT {cols}, any_value(ts) AS ts, any_value(clock_error_ns) AS bound
                    FROM samples WHERE boot_id IN (SELECT DISTINCT boot_id FROM truth)
                    GROUP BY ALL)
-        SELECT l.node, l.exporter, l.instance, abs(l.ts - t.ts_true_ns) AS err, l.bound
+        SELECT l.node, l.exporter, l.instance, abs(l.ts - t.ts_true_ns) AS err, l.bound,
+               t.ts_true_ns AS true_ns, l.ts AS aligned_ns
         FROM l JOIN truth t ON {_join(SAMPLE_KEY)} WHERE t.expected_reason IS NULL""")
     row = con.execute("""
         SELECT count(*), count(*) FILTER (WHERE err <= bound),

@@ -87,9 +87,9 @@ def verify(lake: Path, truth_path: Path, rules_path: Path = DEFAULT_RULES) -> Ve
     truth = load_truth(truth_path)
     con = open_run(lake, truth_path)
     try:
-        run = run_of(con, truth.run)
         data = data_counts(con)
-        clock = clock_figures(con)
+        clock = clock_figures(con)  # before the run: its pace is read from the samples' times
+        run = run_of(con, truth.run)
         nodes = set(truth.clocks.column("node").to_pylist())
         incidents = truth.incidents.to_pylist()
         report, rules = score_run(con, run, incidents, truth.clocks.to_pylist(), nodes, rules_path)
