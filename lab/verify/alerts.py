@@ -88,16 +88,16 @@ def _kept_pace(
     None without such samples."""
     try:
         rows = con.execute(
-            """SELECT true_ns // 1000000000 AS sec, median(aligned_ns)
-               FROM verify_err GROUP BY 1 ORDER BY 1"""
+            """SELECT median(true_ns), median(aligned_ns)
+               FROM verify_err GROUP BY true_ns // 1000000000 ORDER BY 1"""
         ).fetchall()
     except duckdb.CatalogException:
         return None
     if len(rows) < 2:
         return None
     xs, ys = [start], [start]
-    for sec, aligned in rows:
-        x, y = int(sec) * S + S // 2, max(int(aligned), ys[-1])
+    for true, aligned in rows:
+        x, y = int(true), max(int(aligned), ys[-1])
         if x > xs[-1]:
             xs.append(x)
             ys.append(y)
