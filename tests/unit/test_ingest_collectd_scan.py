@@ -143,3 +143,18 @@ def test_templates_are_remembered_across_waves_values_and_times_are_not() -> Non
     raw = [r for u in got.units for r in u.table.column("raw").to_pylist()]
     assert sorted(raw) == sorted([k for k in range(12)] + [2**63 + k for k in range(12)])
     assert _same_as_alone("cdc", _msgs(later)) == set()
+
+
+def test_a_scanned_wave_of_two_partitions_and_keyed_hosts_reads_as_each_alone() -> None:
+    bodies = [_body(_vl(k, host="" if k % 4 == 3 else f"h{k % 3}")) for k in range(24)]
+    msgs: list[Message] = [
+        (b, None, Position(k % 2, 50 + k, NOW + k, b"keyed" if k % 8 == 3 else None))
+        for k, b in enumerate(bodies)
+    ]
+    assert _scanned(bodies, False)
+    rejected = _same_as_alone("cdc", msgs)
+    assert rejected == {k for k in range(24) if k % 4 == 3 and k % 8 != 3}  # no host, no key
+    got = DEC.decode_many("cdc", msgs)
+    assert {(u.source.node, u.source.instance) for u in got.units} == {
+        (f"h{h}", f"p{p}") for h in range(3) for p in range(2)
+    } | {("keyed", "p1")}
