@@ -287,7 +287,7 @@ def scan_wave(
         return None
     count, value, exact, whole = nums
     first, nds, interval, sid, rate, absolute = _TEMPLATES[store_rates].columns()
-    if not np.array_equal(count, nds[codes]):
+    if not (count == nds[codes]).all():
         return None
     owner = np.repeat(np.arange(n), count)
     row_start = np.cumsum(count) - count

@@ -358,7 +358,7 @@ def _order(key: np.ndarray, msg: np.ndarray) -> np.ndarray | None:
     """The samples' order with each source's together, rejected messages' left out (None:
     they already are)."""
     place = key[msg]
-    if bool(np.all(place >= 0)) and bool(np.all(np.diff(place) >= 0)):
+    if bool((place >= 0).all()) and bool((place[1:] >= place[:-1]).all()):
         return None
     rows = np.argsort(np.where(place < 0, len(key), place), kind="stable")
     return rows[: int(np.count_nonzero(place >= 0))]
