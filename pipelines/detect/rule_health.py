@@ -87,7 +87,7 @@ class NodeProgress:
     refined: int = -1  # newest raw offset of its refined rows read
 
 
-GAP_NS = 1_000_000_000  # pauses of a partition's appends kept (PartitionProgress.gaps)
+GAP_NS = 100_000_000  # pauses of a partition's appends kept (PartitionProgress.gaps)
 
 
 @dataclass

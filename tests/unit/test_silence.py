@@ -373,3 +373,28 @@ def test_a_source_whose_records_the_broker_takes_slower_than_its_clock_is_not_si
     assert [(a.rule, a.entity, a.state.value) for a in out] == [
         ("exporter_silent", "n1|node|0", "firing")
     ]
+
+
+def test_a_producer_stall_shorter_than_a_second_silences_nobody() -> None:
+    """n1 and n2 share raw partition 0, a batch every 0.25 s each; their producer stalls: for
+    0.9 s (more than three of their intervals) the partition takes nothing. Read up to
+    n2's first batch after it, n1 is not silent."""
+    from pipelines.detect.rule_config import load_rules
+    from pipelines.detect.rules import RuleEngine
+    from services.detect.detector import DEFAULT_RULES
+
+    cat = default_catalog()
+    e = RuleEngine(load_rules(DEFAULT_RULES, cat), cat, raw_topic="telemetry.raw")
+    out: list[Any] = []
+    off = 0
+    for k in range(40):
+        at = T0 + k * S // 4 + (65 * S // 100 if k >= 30 else 0)
+        for node in ("n2", "n1") if k == 30 else ("n1", "n2"):
+            off += 1
+            e.on_progress(0, off, at + (node == "n1"), node, True)
+            row = {"node": node, "device": "node", "metric": "mem.available_bytes",
+                   "ts": at, "value": 5e11 + k, "exporter": "node", "seq": k,
+                   "raw_partition": 0, "raw_offset": off}  # fmt: skip
+            out += e.evaluate(refined([row]), at)
+            out += e.tick(at)
+    assert out == []
