@@ -33,6 +33,9 @@ from schemas.topics import TOPICS
 
 DEFAULT_RULES = Path(__file__).resolve().parents[2] / "deploy" / "rules" / "default.yaml"
 FIRST_DATA_NS = 120_000_000_000  # how long held collectives wait for the first refined data
+# how long held collectives wait while refined data has stopped with none left to read: a
+# worker killed and started again (Faust's start, its state's recovery) takes tens of seconds
+STALL_NS = 60_000_000_000
 # how far past a collective (data time) the watermark may go while a node of its job has not
 # been read that far: a backstop where no silence rule judges a node that stopped (a worker
 # catching up on a backlog reads nodes minutes of data time apart)
@@ -187,7 +190,7 @@ class Detector:
         partition's progress in broker time (:meth:`on_progress`), so a refiner behind or
         restarting makes nobody silent; a whole pipeline going quiet is the freshness
         rule's business. Collectives are judged anyway once neither the watermark has moved
-        nor refined data come for ``4 x grace`` of wall time (``now_ns``) while they wait
+        nor refined data come for ``STALL_NS`` of wall time (``now_ns``) while they wait
         and none is left to read (``refined_pending``: records of an assigned refined
         partition past detect's position): refined data stopped, and it is only ever judged
         once. Refined data still queued in the broker is coming, however slowly detect
@@ -201,7 +204,7 @@ class Detector:
             # takes a while for its first refined group), the refined stream is not stalled,
             # it has not begun: wait for it longer
             seen = self.newest or self.watermark
-            patience = 4 * self.grace_ns if seen else max(4 * self.grace_ns, FIRST_DATA_NS)
+            patience = STALL_NS if seen else max(STALL_NS, FIRST_DATA_NS)
             if now_ns - self._stalled_since > patience:
                 out.extend(self._release_collectives(now_ns, force=True))
         if self.watermark:

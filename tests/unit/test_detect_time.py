@@ -80,8 +80,8 @@ def test_held_collectives_are_forced_out_only_when_the_watermark_stalls() -> Non
         wall += S
         d.advance(T0 + k * S // 10, wall)
         assert d.tick(wall).alerts == []
-    assert d.tick(wall + 11 * S).alerts == []  # then refined data stops: 11 s is patience
-    (a,) = d.tick(wall + 13 * S).alerts  # 13 s: judged anyway, with what is known
+    assert d.tick(wall + 59 * S).alerts == []  # then refined data stops: 59 s is patience
+    (a,) = d.tick(wall + 61 * S).alerts  # a minute: judged anyway, with what is known
     assert a.rule == "nccl_straggler" and a.cause == "none found"
 
 
@@ -209,7 +209,8 @@ def test_held_collectives_wait_while_refined_records_are_left_to_read() -> None:
     d2.on_refined(other_node(0, 1, node="n9")[0], T0)
     assert d2.tick(T0 + 30 * S, refined_pending=True).alerts == []
     assert d2.tick(T0 + 31 * S).alerts == []  # none left to read: patience starts now
-    (b,) = d2.tick(T0 + 44 * S).alerts
+    assert d2.tick(T0 + 90 * S).alerts == []  # a worker restarting takes tens of seconds
+    (b,) = d2.tick(T0 + 92 * S).alerts
     assert b.cause == "none found"
 
 
