@@ -48,7 +48,9 @@ class GroupTally:
         for v in self.batch_samples:
             t.record("refinery.batch.samples", v)
         for f in self.freshness_s:
-            t.record("refinery.freshness", f, unit="s")
+            # a sample is never younger than 0: an aligned time within its bound but ahead of
+            # now (a fast clock's sample refined at once) is fresh, not negative
+            t.record("refinery.freshness", max(0.0, f), unit="s")
         for stream, off in self.offsets.items():
             t.gauge("refinery.clock.offset_ns", off, {"source": stream})
         for stream, err in self.errors.items():
