@@ -89,6 +89,7 @@ def bench_accuracy_loaded(
         due = time.monotonic() + restart_every_s
         while pub.is_alive():
             pub.join(0.5)
+            svc.supervise()
             if restart_every_s > 0 and time.monotonic() >= due and pub.is_alive():
                 svc.restart_worker()
                 due = time.monotonic() + restart_every_s
@@ -103,6 +104,15 @@ def bench_accuracy_loaded(
     _figures(res, v)
     res.details.update(_details(v, nodes, seconds, seed, svc.restarts, rate))
     res.details.update(cap.details())
+    res.add(
+        "worker_self_exits",
+        len(svc.self_exits),
+        "",
+        "<=",
+        0,
+        note="the worker exited on its own and was started again, as a supervisor would: "
+        + ("; ".join(svc.self_exits) or "none"),
+    )
     k.say(
         f"  precision {v.alerts.precision:.3f}, incident recall {v.alerts.incident_recall:.3f}"
         f", within bound {100 * v.clock.within_share:.3f} %, restarts {svc.restarts}"

@@ -329,7 +329,7 @@ def _plan(
     def accuracy_loaded() -> list[Any]:
         from lab.bench.accuracy_loaded import bench_accuracy_loaded
 
-        capacity = (16, 10) if sizes.samples < 1_000_000 else (32, 30)
+        capacity = (16, 10) if sizes.samples < 500_000 else (32, 30)  # smoke: small
         seconds = min(sizes.accuracy_s, 180)
         return [bench_accuracy_loaded(k, worker_rate(), seconds, capacity=capacity)]
 

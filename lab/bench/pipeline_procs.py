@@ -27,6 +27,7 @@ class Services:
 
     def __init__(self, k: BenchKafka, prefix: str, lake: Path) -> None:
         self.k, self.prefix, self.restarts = k, prefix, 0
+        self.self_exits: list[str] = []  # the last log line of each exit on its own
         self.worker_args = worker_args(prefix, k.workdir / f"{prefix}worker")
         self.worker = k.start(f"{prefix}loaded-worker", self.worker_args)
         self.detect = k.start(
@@ -58,13 +59,30 @@ class Services:
     def restart_worker(self) -> None:
         self.worker.proc.kill()
         self.worker.proc.wait()
+        self._start_worker()
+
+    def _start_worker(self) -> None:
         self.restarts += 1
         self.worker = self.k.start(f"{self.prefix}loaded-worker{self.restarts}", self.worker_args)
+
+    def supervise(self) -> None:
+        """A worker that exited on its own (its watchdog: no commit progress for a minute) is
+        started again, as its supervisor (systemd, Kubernetes) would; each exit is counted."""
+        if not self.worker.alive():
+            why = next((ln for ln in reversed(self.worker.tail(40).splitlines()) if ln.strip()), "")
+            self.self_exits.append(why[-300:])
+            self.k.say(f"  the worker exited on its own, started again: {why[-200:]}")
+            self._start_worker()
 
     def drain(self) -> None:
         k, p = self.k, self.prefix
         raw = [p + t for t in ("telemetry.raw", "telemetry.events", "telemetry.collectives")]
-        k.wait("the worker drains", lambda: k.lag(p + "worker", raw) == 0, 600, self.kids)
+
+        def drained() -> bool:
+            self.supervise()
+            return k.lag(p + "worker", raw) == 0
+
+        k.wait("the worker drains", drained, 600, [self.detect, self.land])
         derived = [
             p + t
             for t in (
