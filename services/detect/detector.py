@@ -15,6 +15,8 @@ the data time every refined partition has reached, which the service computes an
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -74,7 +76,7 @@ class Detector:
         self.watermark = 0  # aligned ts every refined partition has reached (see advance)
         self.newest = 0  # newest aligned ts seen in any refined batch
         self.grace_ns = grace_ns
-        self._held: list[pa.Table] = []
+        self._held: list[_Held] = []
         self._node_latest: dict[str, int] = {}  # node -> newest aligned ts read of its rows
         self._stalled_since: int | None = None  # wall ns since when held data waits in vain
 
@@ -121,7 +123,9 @@ class Detector:
         """Collectives wait until refined data covers their time plus ``grace_ns``, so the
         congestion episodes on the stragglers' paths are open before they are judged."""
         if table.num_rows:
-            self._held.append(_as_ts_ns(table))
+            t = _as_ts_ns(table)
+            due = int(pc.max(t.column("ts_ns")).as_py()) + self.grace_ns
+            self._held.append(_Held(due, tuple(pc.unique(t.column("job")).to_pylist()), t))
         return self._release_collectives(now_ns)
 
     def _read_nodes(self, table: pa.Table) -> None:
@@ -135,37 +139,48 @@ class Detector:
             if node is not None and ts > latest.get(node, 0):
                 latest[node] = ts
 
-    def _covered(self, t: pa.Table, silent: set[str], accounted: set[str]) -> bool:
-        """Refined data covers held collectives ``t`` plus the grace: the watermark has passed
-        it, and so has every node of their jobs (refined partitions interleave nodes read at
-        paces of their own: one node ahead moves a partition's newest ts past another's),
-        but for nodes found silent. A node behind holds them back ``NODE_WAIT_NS`` at most;
-        a node of which neither refined rows nor accounting were read (not monitored) does
-        not."""
-        due = int(pc.max(t.column("ts_ns")).as_py()) + self.grace_ns
-        if due > self.watermark:
-            return False
-        if due + NODE_WAIT_NS <= self.watermark:
-            return True
-        placements = self.stragglers.placements
-        for job in pc.unique(t.column("job")).to_pylist():
-            p = placements.get(job)
-            for node in p.nodes if p is not None else ():
-                latest = self._node_latest.get(node, 0)
-                if latest < due and node not in silent and (latest or node in accounted):
-                    return False
-        return True
+    def _reach(self) -> Callable[[str], float]:
+        """Per job, the least newest ts read of the nodes its collectives wait for: every
+        node of the job, but for nodes found silent and nodes of which neither refined rows
+        nor accounting were read (not monitored). Computed once per job per call."""
+        silent, accounted = self.engine.silent_nodes(), self.engine.accounted_nodes()
+        placements, latest, memo = self.stragglers.placements, self._node_latest, {}
+
+        def reach(job: str) -> float:
+            if job not in memo:
+                p = placements.get(job)
+                waited = [
+                    latest.get(n, 0)
+                    for n in (p.nodes if p is not None else ())
+                    if n not in silent and (n in latest or n in accounted)
+                ]
+                memo[job] = min(waited, default=math.inf)
+            return memo[job]
+
+        return reach
 
     def _release_collectives(self, now_ns: int, force: bool = False) -> Emitted:
-        silent: set[str] = set()
-        accounted: set[str] = set()
-        if self._held and not force:
-            silent, accounted = self.engine.silent_nodes(), self.engine.accounted_nodes()
-        ready = [t for t in self._held if force or self._covered(t, silent, accounted)]
-        if not ready:
+        """Judge the held collectives refined data covers plus the grace (all with
+        ``force``): the watermark has passed them, and so has every node of their jobs
+        (refined partitions interleave nodes read at paces of their own: one node ahead moves
+        a partition's newest ts past another's), but for nodes found silent. A node behind
+        holds them back ``NODE_WAIT_NS`` at most; a node not monitored does not."""
+        wm = self.watermark
+        passed = [h for h in self._held if force or h.due <= wm]
+        if not passed:
             return Emitted()
-        self._held = [t for t in self._held if not any(t is r for r in ready)]
-        coll = pa.concat_tables(ready)
+        if not force:
+            reach = self._reach()
+            passed = [
+                h
+                for h in passed
+                if h.due + NODE_WAIT_NS <= wm or all(reach(j) >= h.due for j in h.jobs)
+            ]
+            if not passed:
+                return Emitted()
+        gone = {id(h) for h in passed}
+        self._held = [h for h in self._held if id(h) not in gone]
+        coll = pa.concat_tables([h.table for h in passed])
         return Emitted(alerts=self.stragglers.update(coll, self.episodes.all_episodes(), now_ns))
 
     def on_deadletters(self, count: int, now_ns: int) -> None:
@@ -220,6 +235,16 @@ class Detector:
         if rolled.num_rows:
             out.rollups.append(rolled)
         return out
+
+
+@dataclass(frozen=True)
+class _Held:
+    """Collectives waiting for refined data to cover ``due`` (their newest ts plus the
+    grace), of ``jobs``."""
+
+    due: int
+    jobs: tuple[str, ...]
+    table: pa.Table
 
 
 def _as_ts_ns(table: pa.Table) -> pa.Table:
