@@ -38,10 +38,10 @@ FIRST_DATA_NS = 120_000_000_000  # how long held collectives wait for the first 
 # how long held collectives wait while refined data has stopped with none left to read: a
 # worker killed and started again (Faust's start, its state's recovery) takes tens of seconds
 STALL_NS = 60_000_000_000
-# how far past a collective (data time) the watermark may go while a node of its job has not
-# been read that far: a backstop where no silence rule judges a node that stopped (a worker
-# catching up on a backlog reads nodes minutes of data time apart)
-NODE_WAIT_NS = 600_000_000_000
+# how long (wall time) collectives the watermark has passed wait for a node of their job not
+# read that far: a worker catching up on a backlog reads nodes tens of seconds apart; a node
+# whose data ended (a job's nodes gone, no silence judged) must not hold them for good
+NODE_WAIT_NS = 60_000_000_000
 
 
 @dataclass
@@ -164,17 +164,20 @@ class Detector:
         ``force``): the watermark has passed them, and so has every node of their jobs
         (refined partitions interleave nodes read at paces of their own: one node ahead moves
         a partition's newest ts past another's), but for nodes found silent. A node behind
-        holds them back ``NODE_WAIT_NS`` at most; a node not monitored does not."""
+        holds them back ``NODE_WAIT_NS`` of wall time at most; a node not monitored does
+        not."""
         wm = self.watermark
         passed = [h for h in self._held if force or h.due <= wm]
         if not passed:
             return Emitted()
         if not force:
             reach = self._reach()
+            for h in passed:
+                h.passed_ns = h.passed_ns or now_ns
             passed = [
                 h
                 for h in passed
-                if h.due + NODE_WAIT_NS <= wm or all(reach(j) >= h.due for j in h.jobs)
+                if now_ns - h.passed_ns >= NODE_WAIT_NS or all(reach(j) >= h.due for j in h.jobs)
             ]
             if not passed:
                 return Emitted()
@@ -237,14 +240,15 @@ class Detector:
         return out
 
 
-@dataclass(frozen=True)
+@dataclass
 class _Held:
     """Collectives waiting for refined data to cover ``due`` (their newest ts plus the
-    grace), of ``jobs``."""
+    grace), of ``jobs``; ``passed_ns``: when (wall) the watermark passed ``due``."""
 
     due: int
     jobs: tuple[str, ...]
     table: pa.Table
+    passed_ns: int = 0
 
 
 def _as_ts_ns(table: pa.Table) -> pa.Table:
