@@ -61,12 +61,7 @@ def bench_accuracy_loaded(
     lake = k.workdir / f"{prefix}lake"
     svc = Services(k, prefix, lake)
     try:
-        k.wait(
-            "worker, detect and land join",
-            lambda: all(k.joined(prefix + g) for g in ("worker", "detect", "land")),
-            120,
-            svc.kids,
-        )
+        svc.wait_joined()
         k.say(
             f"  publishing {nodes} nodes (~{nodes * per_node:,.0f} samples/s, half of "
             f"{rate:,.0f}) for {seconds}s at speed 1, spread, --faults all; the worker "

@@ -52,12 +52,7 @@ def pipeline_max_rate(
     svc = Services(k, prefix, k.workdir / f"{prefix}lake")
     p = prefix
     try:
-        k.wait(
-            "worker, detect and land join",
-            lambda: all(k.joined(p + g) for g in ("worker", "detect", "land")),
-            120,
-            svc.kids,
-        )
+        svc.wait_joined()
         sim = Simulation(
             Cluster.build(nodes, seed=seed), None, seed=seed, duration_ns=seconds * S, spread=True
         )

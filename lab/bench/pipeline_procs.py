@@ -52,6 +52,16 @@ class Services:
             lake=lake,
         )
 
+    def wait_joined(self) -> None:
+        """Until worker, detect and lander have joined their groups (2 minutes at most)."""
+        k, p = self.k, self.prefix
+        k.wait(
+            "worker, detect and land join",
+            lambda: all(k.joined(p + g) for g in ("worker", "detect", "land")),
+            120,
+            self.kids,
+        )
+
     @property
     def kids(self) -> list[Child]:
         return [self.worker, self.detect, self.land]
