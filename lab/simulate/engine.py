@@ -6,7 +6,10 @@ each one when the wall clock reaches it (see :mod:`lab.simulate.publish`). Per n
 tick there is one batch per exporter — ``node`` (cpu, mem; 1 sample per tick), ``gpu`` and
 ``nic`` (``substeps`` samples per tick each, default 10: the exporters sample at 10 Hz and
 publish once a tick) — plus an ``events`` batch when something happened, and per job one
-``nccl`` collectives batch keyed by job.
+``nccl`` collectives batch keyed by job. Published (``ticks(greet=True)``), each node's
+``node`` and ``events`` exporters and each job's ``nccl`` one first send a batch with no rows
+(their first seq) :data:`GREET_LEAD_NS` before the start, as ``BatchProducer.greet`` does:
+its exchange with the broker bounds the clock of the first batch with rows.
 
 Time: true time ``t`` runs from ``start_ns`` in steps of ``interval_ns``; every timestamp a
 source writes (``ts_ns``, ``sent_ns``) is in its node's clock (:mod:`.clocks`). A batch is
@@ -55,10 +58,13 @@ from lab.simulate.gen import (
 from lab.simulate.inject import inject_faults
 from lab.simulate.layout import TableBuilder
 from lab.simulate.messages import Message, SendKind, Stream, Tick
-from schemas.wire import Envelope, PayloadKind, SourceId
+from schemas.wire import PAYLOAD_SCHEMAS, Envelope, PayloadKind, SourceId
 
 WINDOW_MAX_NS = 120 * S
 EXPORTERS = ("node", "gpu", "nic")
+# how long before the start the exporters greet the broker (``ticks(greet=True)``): their
+# reports are back before their first batches with rows are sent
+GREET_LEAD_NS = 2 * S
 
 
 class Simulation:
@@ -97,14 +103,15 @@ class Simulation:
             raise RuntimeError("clocks exist once the simulation has a start time")
         return self._clocks
 
-    def ticks(self) -> Iterator[Tick]:
+    def ticks(self, greet: bool = False) -> Iterator[Tick]:
         """Run; ``start_ns`` defaults to the wall clock now. After the last tick, one more
-        tick carries the messages still held back (late batches)."""
+        tick carries the messages still held back (late batches). ``greet``: the first tick
+        starts with the exporters' batches without rows (module docstring), as published."""
         if self.start_ns is None:
             import time
 
             self.start_ns = time.time_ns()
-        return _Run(self, self.start_ns).run()
+        return _Run(self, self.start_ns).run(greet)
 
 
 class _Run:
@@ -240,7 +247,9 @@ class _Run:
 
     # -- the loop ---------------------------------------------------------------------------
 
-    def run(self) -> Iterator[Tick]:
+    def run(self, greet: bool) -> Iterator[Tick]:
+        for m in self.hellos() if greet else ():
+            heapq.heappush(self.held, (m.due_ns, self._next(), m))
         k = 0
         n_ticks = self.sim.n_ticks
         while n_ticks is None or k < n_ticks:
@@ -251,6 +260,31 @@ class _Run:
             yield Tick(k, t, self.release(t + self.iv))
             k += 1
         yield Tick(k, self.start + k * self.iv, self.release(None))
+
+    def hellos(self) -> list[Message]:
+        """The exporters' first batches, with no rows, sent :data:`GREET_LEAD_NS` before the
+        start (module docstring)."""
+        t = self.start - GREET_LEAD_NS
+        off = self.clocks.offsets(t)
+        out = []
+
+        def hello(i: int, stream: Stream, kind: PayloadKind, exporter: str, key: bytes,
+                  instance: str = "0") -> Message:  # fmt: skip
+            env = self.envelope(i, exporter, kind, t + int(off[i]), int(off[i]), instance)
+            table = PAYLOAD_SCHEMAS[kind].empty_table()
+            return Message(stream, SendKind.BATCH, key, t, t, env, table, offset_ns=int(off[i]))
+
+        for i in map(int, np.flatnonzero(~self.down)):
+            key = self.sim.cluster.node_name(i).encode()
+            out.append(hello(i, Stream.RAW, PayloadKind.SAMPLES, EXPORTERS[0], key))
+            out.append(hello(i, Stream.EVENTS, PayloadKind.EVENTS, "events", key))
+        for gen in self.colls:
+            job = gen.job.job
+            lead = gen.job.node_idx[0]
+            out.append(
+                hello(lead, Stream.COLLECTIVES, PayloadKind.COLLECTIVES, "nccl", job.encode(), job)
+            )
+        return out
 
     def _next(self) -> int:
         self.counter += 1

@@ -92,6 +92,7 @@ def inject_faults(
                     samples=m.samples,
                     offset_ns=m.offset_ns,
                     bad=m.bad,
+                    original=m,
                 )
             )
     if spec.on(FaultKind.LATE) and raw:

@@ -44,6 +44,9 @@ class Message:
     offset_ns: int = 0  # source clock - true clock when the rows were stamped
     bad: list[Reason] | None = None  # reasons of the last len(bad) rows
     extra: Any = None  # CollectiveTick or list[SimEvent], for the truth
+    # a duplicate: the message it copies, whose bytes (its clock block's exchanges included,
+    # set when it was sent: it is due first) it sends again
+    original: Message | None = None
 
     @property
     def tag(self) -> str:
@@ -53,6 +56,8 @@ class Message:
 
     def encode(self) -> tuple[str, bytes]:
         """The content type and value bytes to send (cached)."""
+        if self.original is not None:
+            self.content_type, self.body = self.original.encode()
         if self.body is None:
             assert self.envelope is not None and self.table is not None
             schema = PAYLOAD_SCHEMAS[self.envelope.kind]

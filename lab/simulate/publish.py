@@ -1,9 +1,11 @@
 """Drive a :class:`~lab.simulate.engine.Simulation` into Kafka and record the truth.
 
 Time mapping: the simulator's true clock is ``start_ns + simulated offset``. When the simulation
-has no ``start_ns``, :func:`publish` sets it to the wall clock at the start of publishing, and at
-``speed`` 1 each message is handed to the producer when the wall clock reaches its true arrival
-time (``due_ns``), so the broker's ``LogAppendTime`` ≈ true arrival time (plus the real loopback
+has no ``start_ns``, :func:`publish` sets it to the wall clock at the start of publishing plus
+``GREET_LEAD_NS`` (2 s: the exporters' greetings, batches without rows sent first, have their
+reports back before any batch with rows is stamped with exchanges), and at ``speed`` 1 each
+message is handed to the producer when the wall clock reaches its true arrival time
+(``due_ns``), so the broker's ``LogAppendTime`` ≈ true arrival time (plus the real loopback
 delay). At ``speed`` X the wall clock runs X times slower than true time
 (``wall = wall0 + (due - start) / X``); ``speed`` 0 or ``inf`` publishes as fast as possible. Only
 at speed 1 with the default start is ``LogAppendTime`` comparable with true time.
@@ -43,7 +45,7 @@ from typing import Any
 from confluent_kafka import KafkaError
 
 from lab.simulate.clocks import NodeClocks
-from lab.simulate.engine import Message, SendKind, Simulation, Stream
+from lab.simulate.engine import GREET_LEAD_NS, Message, SendKind, Simulation, Stream
 from lab.simulate.truth import TruthWriter
 from pipelines.refine.clock_bounds import Exchange, ExchangeLog
 from schemas.codec import JSON
@@ -369,14 +371,17 @@ def publish(
     pub = _Publisher(kafka_settings, topics, truth, conf, stamp_due, timeline, parts)
     jobs_prod = BatchProducer(kafka_settings, topic=topics.jobs)
     publish_topology(sim, kafka_settings, topics.topology, topics.topology_nodes)
-    if sim.start_ns is None:
-        sim.start_ns = time.time_ns()
-    start = sim.start_ns
     wall0 = time.monotonic()
+    if sim.start_ns is None:
+        # the exporters greet the broker first (engine.GREET_LEAD_NS before the start): the
+        # true clock starts once their reports have had that long to come back
+        sim.start_ns = time.time_ns() + GREET_LEAD_NS
+        wall0 += 0.0 if fast else GREET_LEAD_NS / 1e9 / speed
+    start = sim.start_ns
     _send_json(jobs_prod, [(j.job, j.model_dump_json()) for j in sim.cluster.jobs(start)])
     last = wall0
     try:
-        for tick in sim.ticks():
+        for tick in sim.ticks(greet=True):
             for msg in tick.messages:
                 if not fast:
                     wait = (msg.due_ns - start) / speed / 1e9 - (time.monotonic() - wall0)

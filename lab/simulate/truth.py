@@ -201,6 +201,7 @@ class TruthWriter:
         if (
             msg.kind is SendKind.MALFORMED
             or msg.table is None
+            or msg.table.num_rows == 0  # an exporter's first batch: no rows
             or env is None
             or msg.tag in self._seen
         ):

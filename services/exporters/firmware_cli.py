@@ -99,9 +99,16 @@ class BatchSink:
         if topic not in self._producers:
             from services.kafka.producer import BatchProducer
 
-            self._producers[topic] = BatchProducer(
+            producer = BatchProducer(
                 self._settings.kafka(), topic=topic, on_delivery=self.refused.for_topic(topic)
             )
+            # a batch with no rows first: its exchange bounds the clock of the first with rows
+            producer.greet(self._envelope(kind, clock), key=key)
+            self._producers[topic] = producer
+        self._producers[topic].send(self._envelope(kind, clock), table, key=key)
+
+    def _envelope(self, kind: PayloadKind, clock: ClockBlock | None) -> Envelope:
+        """The next batch header (``seq`` increases by one per call), stamped now."""
         env = Envelope(
             kind=kind,
             source=self.source,
@@ -111,7 +118,7 @@ class BatchSink:
             clock=clock,
         )
         self.seq += 1
-        self._producers[topic].send(env, table, key=key)
+        return env
 
     def wait(self, seconds: float) -> None:
         """Sleep ``seconds``, serving delivery reports as they arrive: their exchanges with

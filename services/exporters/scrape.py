@@ -9,8 +9,9 @@ Each target is a source: ``node`` (the exposition's ``Hostname`` label, else ``-
 else the target's host, this host's name for a loopback target), exporter ``scrape``,
 instance ``host:port`` of the target, ``boot_id`` new for each run of the scraper (its
 ``seq`` starts again at 0), ``seq`` per batch, ``sent_ns`` when handed to Kafka, and the
-producer's send/ack exchanges in the clock block. Samples are stamped with the scrape's
-midpoint unless the exposition has timestamps. Names map to the catalog through
+producer's send/ack exchanges in the clock block (a target's first batch has no rows: it
+earns the exchange that bounds the clock of the first one with rows). Samples are stamped
+with the scrape's midpoint unless the exposition has timestamps. Names map to the catalog through
 ``schemas/catalog/ingest/prometheus.yaml``; series the catalog lacks are not published
 (``--all`` publishes them too, for the refiner to dead-letter by name) and are reported
 once on stderr, so an operator can extend the mapping.
@@ -58,6 +59,7 @@ class Target:
     boot_id: str = field(default_factory=lambda: f"scrape-{uuid.uuid4().hex[:16]}")
     seq: int = 0
     unmapped: set[str] = field(default_factory=set)
+    greeted: bool = False  # its first batch, with no rows, was sent (BatchProducer.greet)
 
 
 def target_of(url: str, node: str | None) -> Target:
@@ -140,6 +142,13 @@ def _scrape_once(targets: list[Target], args: argparse.Namespace, producer: Any)
             sys.stdout.write(encode(env, table, JSON)[1].decode() + "\n")
             sys.stdout.flush()
         else:
+            if not t.greeted:
+                # a batch with no rows first: its exchange bounds the clock of the first
+                # with rows; that one takes the next seq and is stamped when sent
+                producer.greet(env, key=env.source.node)
+                t.greeted = True
+                env = env.model_copy(update={"seq": t.seq, "sent_ns": time.time_ns()})
+                t.seq += 1
             producer.send(env, table, key=env.source.node)
 
 

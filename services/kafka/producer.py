@@ -60,7 +60,7 @@ from confluent_kafka import (
 
 from pipelines.refine.clock_bounds import Exchange, ExchangeLog
 from schemas.codec import ARROW, encode
-from schemas.wire import ClockBlock, Envelope
+from schemas.wire import PAYLOAD_SCHEMAS, ClockBlock, Envelope
 from services.settings import KafkaSettings
 
 log = logging.getLogger(__name__)
@@ -186,6 +186,23 @@ class BatchProducer:
             tag,
             samples=table.num_rows,
         )
+
+    def greet(self, envelope: Envelope, *, key: str | None = None, timeout_s: float = 5.0) -> bool:
+        """Send a batch of ``envelope`` (its kind, source and seq) with no rows, and serve
+        reports for up to ``timeout_s`` until its exchange with the broker is back; True
+        once the producer has one. A source's first batch with rows then carries it: without
+        it, that batch's bound rests on an assumed minimum delay, which a producer still
+        connecting (metadata, a new connection to the leader, SASL/TLS) breaks by tens of ms.
+        False (the broker did not answer in time) costs nothing but that first bound."""
+        table = PAYLOAD_SCHEMAS[envelope.kind].empty_table()
+        self.send(envelope, table, key=key)
+        deadline = time.monotonic() + timeout_s
+        while not self.exchanges.carried():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            self.poll(min(left, 0.05))
+        return True
 
     def with_exchanges(self, envelope: Envelope) -> Envelope:
         """``envelope`` whose clock block (one with source ``none`` when it has none) carries

@@ -232,6 +232,7 @@ def test_one_of_three_brokers_killed_pipeline_keeps_serving(
     assert samples["malformed_mismatch"] == samples["bad_rows_mismatch"] == 0, samples
     # A partition whose leader is killed takes its batches seconds late until the election;
     # the exchanges' bounds hold through it (the minimum-delay model alone kept 0.83-0.99).
-    # The goal is 0.999: most runs keep 1.0, but one run on a loaded host kept 0.9968
-    # (p99 error 27 ms), an open defect; this asserts what every run has kept so far
-    assert float(samples["within_bound"]) >= 0.995, samples
+    # A duplicate that the second producer session got through first while the original
+    # waited for the election is the same bytes, exchanges included, and every source greeted
+    # the broker before its first batch with rows: no row rests on an assumed delay
+    assert float(samples["within_bound"]) >= 0.999, samples

@@ -174,6 +174,9 @@ def compare(con: duckdb.DuckDBPyConnection) -> dict[str, Any]:
     assert timing is not None
     out["abs_err_ns_p50_p99"] = timing[0]
     out["within_bound"] = timing[1]
+    out["clock_basis"] = dict(
+        con.execute("SELECT clock_basis, count(*) FROM refined_once GROUP BY 1").fetchall()
+    )
     out["fabric_rows_unexplained"] = one(
         """SELECT count(*) FROM refined_once WHERE (device LIKE 'gpu%' OR device LIKE 'mlx5%')
            AND leaf IS NULL AND nic IS NULL AND enrich_reason IS NULL"""

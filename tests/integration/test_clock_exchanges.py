@@ -90,6 +90,30 @@ def test_delivery_reports_give_exchanges_on_log_append_time_topics_only(
     assert max(len(b or []) for b in blocks) >= 1
 
 
+def test_a_greeting_earns_the_first_batch_with_rows_its_exchange(
+    kafka_bootstrap: str, unique_topic: Callable[..., str], unique_group: str
+) -> None:
+    """``greet`` sends a batch with no rows and waits for its report: the first batch with
+    rows then carries an exchange, so no row of the source rests on an assumed delay."""
+    kafka = KafkaSettings(bootstrap_servers=kafka_bootstrap)
+    row = {"ts_ns": time.time_ns(), "metric": "gpu.temp", "device": "gpu0", "value": 50.0}
+    table = pa.Table.from_pylist([row | {"raw": None, "text": None}], SAMPLES_SCHEMA)
+    topic = unique_topic("greet", partitions=3, config=LOG_APPEND)
+    prod = BatchProducer(kafka, topic=topic)
+    assert prod.greet(_envelope(0), timeout_s=30)
+    prod.send(_envelope(1), table)
+    assert prod.close(30) == 0
+    msgs = sorted(_consume(kafka_bootstrap, topic, 2, unique_group), key=lambda m: m.offset())
+    batches = [decode(m.value(), content_type_of(m.headers())) for m in msgs]
+    assert [(b.envelope.seq, b.table.num_rows) for b in batches] == [(0, 0), (1, 1)]
+    assert batches[0].envelope.clock is None  # nothing acknowledged before it
+    clock = batches[1].envelope.clock
+    assert clock is not None and clock.exchanges
+    for sent, append_ms, ack, part in clock.exchanges:
+        assert part == msgs[0].partition()  # the greeting's, the same key's partition
+        assert sent - append_ms * 1_000_000 - 1_000_000 <= 0 <= ack - append_ms * 1_000_000
+
+
 def test_a_loaded_exporter_host_keeps_every_sample_within_its_bound(
     kafka_bootstrap: str, unique_topic: Callable[..., str], unique_group: str, tmp_path: Path
 ) -> None:

@@ -45,12 +45,22 @@ def test_export_node_once_round_trip(
         cwd=Path(__file__).resolve().parents[2],
     )
     assert p.returncode == 0, p.stderr
-    rows = read_all(kafka_bootstrap, topic, until=1, timeout=30)
-    assert len(rows) == 1
-    key, value, headers = rows[0]
+    rows = read_all(kafka_bootstrap, topic, until=2, timeout=30)
+    assert len(rows) == 2
+    # first a batch with no rows (BatchProducer.greet), then the scrape, which carries the
+    # first one's exchange with the broker: this host's clock is the broker's, so the
+    # offset 0 is inside it
+    hello = decode(rows[0][1], content_type_of(rows[0][2]))
+    assert hello.table.num_rows == 0
+    key, value, headers = rows[1]
     assert key == b"roundtrip-node"
     assert content_type_of(headers) == ARROW
     batch = decode(value, ARROW)
+    assert batch.envelope.seq == hello.envelope.seq + 1
+    assert batch.envelope.source == hello.envelope.source
+    assert batch.envelope.clock is not None and batch.envelope.clock.exchanges
+    for sent, append_ms, ack, _ in batch.envelope.clock.exchanges:
+        assert sent - append_ms * 1_000_000 - 1_000_000 <= 0 <= ack - append_ms * 1_000_000
     assert batch.envelope.source.node == "roundtrip-node"
     assert batch.envelope.source.exporter == "node"
     assert batch.table.schema.equals(SAMPLES_SCHEMA)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pyarrow as pa
+
 from pipelines.refine.enrich import TopologyIndex
 from schemas.codec import ARROW, encode
 from services.worker.refiner import OutputTopics, RawRecord, Refiner
@@ -49,3 +51,37 @@ def test_clock_alert_id_is_the_same_on_a_replay_and_after_a_restart() -> None:
     (blob,) = streams.values()
     state = StreamState.decode(blob)
     assert state.clock_flagged and state.clock_onset == first[0]["starts_ns"]
+
+
+def test_a_batch_without_rows_is_refined_and_its_exchange_bounds_the_next() -> None:
+    """An exporter's greeting (``BatchProducer.greet``): a batch with no rows is no error
+    (nothing dead-lettered, its seq taken), and the next batch, carrying its exchange,
+    is aligned on that exchange, not on an assumed delay."""
+    from schemas.wire import SAMPLES_SCHEMA, ClockBlock
+
+    def record(offset: int, b: object, append_ms: int) -> RawRecord:
+        ct, body = encode(b.envelope, b.table, ARROW)  # type: ignore[attr-defined]
+        return RawRecord("raw", 0, offset, b"n1", body, [("content-type", ct.encode())],
+                         append_ms)  # fmt: skip
+
+    ahead = 5 * S  # the source's clock is 5 s ahead of the broker's
+    hello = batch([], 0, sent=NOW + ahead)
+    assert hello.table.schema.equals(SAMPLES_SCHEMA) and hello.table.num_rows == 0
+    append_ms = (NOW + 4_000_000) // 1_000_000  # appended 4 ms after it was sent
+    ex = (NOW + ahead, append_ms, NOW + ahead + 9_000_000, 0)  # acknowledged 9 ms after
+    data = batch([ctr(100, NOW + S + ahead)], 1, sent=NOW + S + ahead,
+                 clock=ClockBlock(source="none", exchanges=[ex]))  # fmt: skip
+    outs = _refiner().process_group(
+        [record(0, hello, append_ms), record(1, data, append_ms + 1_000 + 40)], NOW + 10 * S
+    )
+    assert [o.outcome for o in outs] == ["refined", "refined"]
+    assert not [m for o in outs for m in o.messages if m.topic == "telemetry.deadletter"]
+    rows = [
+        r
+        for m in outs[1].messages
+        if m.topic == "telemetry.refined"
+        for r in pa.ipc.open_stream(m.value).read_all().to_pylist()
+    ]
+    assert len(rows) == 1 and rows[0]["clock_basis"] == "exchange"
+    # the true offset (5 s) is inside the exchange's interval, and the row within its bound
+    assert abs(rows[0]["ts"] - (NOW + S)) <= rows[0]["clock_error_ns"] <= 10_100_000

@@ -13,7 +13,7 @@ import pytest
 from lab.simulate.bench import bench_generate
 from lab.simulate.cli import parse_duration_ns
 from lab.simulate.cluster import Cluster
-from lab.simulate.engine import Message, SendKind, Simulation, Stream
+from lab.simulate.engine import GREET_LEAD_NS, Message, SendKind, Simulation, Stream
 from lab.simulate.faults import FaultKind, parse_faults
 from lab.simulate.malformed import SAMPLE_REASONS
 from lab.simulate.truth import TruthWriter, load_truth
@@ -476,3 +476,60 @@ def test_cli_parser_accepts_the_documented_flags() -> None:
     )
     assert a.handler is cmd_simulate and a.nodes == 4 and a.speed == 10.0 and a.json
     assert a.spread and not p.parse_args(["simulate", "--nodes", "1", "--seed", "1"]).spread
+
+
+def test_published_exporters_greet_first_with_batches_without_rows() -> None:
+    """``ticks(greet=True)`` (what ``publish`` runs): before any batch with rows, each node's
+    ``node`` and ``events`` exporters and each job's ``nccl`` one send one without rows,
+    ``GREET_LEAD_NS`` before the start, their first seq; the batches with rows are those of
+    ``ticks()`` after it."""
+    nodes = 3
+    sim = Simulation(Cluster.build(nodes, seed=2), "all", seed=2, start_ns=T0, duration_ns=3 * S)
+    greeted = [m for t in sim.ticks(greet=True) for m in t.messages]
+    plain = Simulation(Cluster.build(nodes, seed=2), "all", seed=2, start_ns=T0, duration_ns=3 * S)
+    ungreeted = [m for t in plain.ticks() for m in t.messages]
+    hellos = [m for m in greeted if m.table is not None and m.table.num_rows == 0]
+    jobs = len(sim.cluster.job_list)
+    assert len(hellos) == 2 * nodes + jobs
+    assert greeted[: len(hellos)] == hellos  # sent first, at the start
+    for m in hellos:
+        assert m.envelope is not None and m.envelope.seq == 0
+        assert m.due_ns == m.sent_true_ns == T0 - GREET_LEAD_NS and m.kind is SendKind.BATCH
+        assert m.envelope.sent_ns == m.sent_true_ns + m.offset_ns  # the node's clock then
+        batch = decode(*reversed(m.encode()))
+        assert batch.table.num_rows == 0 and batch.envelope.kind == m.envelope.kind
+    assert {(m.stream, m.envelope.source.exporter) for m in hellos if m.envelope} == {
+        (Stream.RAW, "node"), (Stream.EVENTS, "events"), (Stream.COLLECTIVES, "nccl")
+    }  # fmt: skip
+    rest = greeted[len(hellos) :]
+    assert [m.samples for m in rest] == [m.samples for m in ungreeted]
+    hello_sources = {m.envelope.source for m in hellos if m.envelope}
+    for a, b in zip(rest, ungreeted, strict=True):
+        assert a.envelope is not None and b.envelope is not None
+        assert a.envelope.source == b.envelope.source
+        # a greeted source's batches come one seq later, after its greeting's
+        shift = 1 if a.envelope.source in hello_sources else 0
+        assert a.envelope.seq == b.envelope.seq + shift
+
+
+def test_a_duplicate_sends_the_bytes_its_original_was_sent_with() -> None:
+    """A transport duplicate is the same record again: when the publisher has put the
+    producer's exchanges into the original's clock block, the copy (due later, from a second
+    producer session) carries them too, so whichever copy the refiner keeps is bounded
+    alike."""
+    _, msgs = run(4, "dup", 4, seed=9)
+    dups = [m for m in msgs if m.kind is SendKind.DUPLICATE]
+    assert dups
+    for d in dups:
+        orig = d.original
+        assert orig is not None and orig.due_ns < d.due_ns
+        assert orig.envelope is not None
+        clock = orig.envelope.clock
+        assert clock is not None
+        ex = (T0, T0 // 1_000_000, T0 + 1_000_000, 0)
+        block = clock.model_copy(update={"exchanges": [ex]})
+        orig.envelope = orig.envelope.model_copy(update={"clock": block})
+        orig.body = None  # what the publisher does when it adds the exchanges
+        assert d.encode() == orig.encode()
+        sent = decode(*reversed(d.encode()))
+        assert sent.envelope.clock is not None and sent.envelope.clock.exchanges == [ex]
