@@ -7,19 +7,10 @@ from pathlib import Path
 
 from lab.bench.harness import BenchKafka
 from lab.demo.procs import Child, worker_args
+from services.lake.datasets import TOPIC_DATASETS
 
-LANDED = (
-    ("telemetry.refined", "samples"),
-    ("telemetry.events.aligned", "events"),
-    ("telemetry.collectives.aligned", "collectives"),
-    ("telemetry.alerts", "alerts"),
-    ("telemetry.episodes", "episodes"),
-    ("telemetry.deadletter", "deadletter"),
-    ("topology", "topology"),
-    ("jobs", "jobs"),
-    ("telemetry.accounting", "accounting"),
-    ("telemetry.rollups", "rollups"),
-)
+# every dataset's topic, as the demo lands them
+LANDED = tuple(TOPIC_DATASETS.items())
 
 
 class Services:

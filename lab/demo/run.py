@@ -31,6 +31,7 @@ from lab.demo.procs import (
     wait_until,
     worker_args,
 )
+from services.lake.datasets import TOPIC_DATASETS
 from services.settings import KafkaSettings, RefinerySettings
 
 FAULTS = "pfc_storm:count=1,throttle:count=1,xid:count=1,clock,dup,malformed"
@@ -96,22 +97,7 @@ def run_demo(
             env,
             logdir,
         )
-        land_topics = [
-            f"{prefix}{t}={d}"
-            for t, d in (
-                ("telemetry.refined", "samples"),
-                ("telemetry.events.aligned", "events"),
-                ("telemetry.collectives.aligned", "collectives"),
-                ("telemetry.alerts", "alerts"),
-                ("telemetry.episodes", "episodes"),
-                ("telemetry.deadletter", "deadletter"),
-                ("telemetry.rollups", "rollups"),
-                ("topology", "topology"),
-                ("topology.nodes", "node_facts"),
-                ("jobs", "jobs"),
-                ("telemetry.accounting", "accounting"),
-            )
-        ]
+        land_topics = [f"{prefix}{t}={d}" for t, d in TOPIC_DATASETS.items()]
         land = spawn(
             "land",
             [

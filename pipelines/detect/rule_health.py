@@ -6,24 +6,26 @@ count, sum, min, max of the values, max aligned ts, raw partition and offset), s
 per-batch Python is per source, never per sample.
 
 Silence is judged on the pipeline's own progress, in the broker's time. Per raw topic and
-partition,
-:class:`PartitionProgress` holds the broker append time of every raw record the refiner has
-accounted for (``telemetry.accounting``, :meth:`RuleEngine.on_progress`); per raw topic and node,
-:class:`NodeProgress` how far its records are accounted for and how far its refined rows have
-been read (a node's rows come in raw order, whichever refined partition carries them). A
-source's partition has *reached* the newest accounted append time when every accounted record
-of its node has been read refined; otherwise the append time of its node's newest row read. A
-source is silent when that is more than ``intervals`` of its intervals past its own newest
-record: records were appended to its partition, refined and read meanwhile, none of them its
-own; a pause of the partition's appends longer than two of the source's intervals (a leader
-failover: nobody's records were appended, then all producers' queued ones at once) restarts
-the count when the partition resumes. Neither the wall clock nor any source's (possibly
-wrong) clock enters, so a refiner that is behind, restarting or catching up, a refined
-partition read ahead of another, a leader failover, or a clock that jumps, makes nobody
-silent. A partition with no record at all judges nobody (the
-freshness rule reports a pipeline gone quiet). Without any accounting (an engine fed refined
-rows only) silence falls back to data time: the engine's ``now`` against the source's newest
-aligned ts.
+partition, :class:`PartitionProgress` holds the broker append time of every raw record the
+refiner has accounted for (``telemetry.accounting``, :meth:`RuleEngine.on_progress`); per raw
+topic and node, :class:`NodeProgress` how far its records are accounted for and how far its
+refined rows have been read (a node's rows come in raw order, whichever refined partition
+carries them). A source's partition has *reached* the newest accounted append time when every
+accounted record of its node has been read refined; otherwise the append time of its node's
+newest row read. A source is silent when that is more than ``intervals`` of its intervals past
+its own newest record: records were appended to its partition, refined and read meanwhile, none
+of them its own; a pause of the partition's appends longer than two of the source's intervals
+(a leader failover: nobody's records were appended, then all producers' queued ones at once)
+restarts the count when the partition resumes. The count is also no more than how far the data
+reached has moved past the source's newest ts (the accounting's ``ts_max``, the newest aligned
+ts of each record's rows, else its node's newest row read): a producer falling behind (a loaded
+host getting everyone's records to the broker later and later) spaces them in broker time, not
+in the time they tell; that cap can only delay a judgement. The wall clock never enters, so a
+refiner that is behind, restarting or catching up, a refined partition read ahead of another, a
+leader failover, or a clock that jumps, makes nobody silent. A partition with no record at all
+judges nobody (the freshness rule reports a pipeline gone quiet). Without any accounting (an
+engine fed refined rows only) silence falls back to data time: the engine's ``now`` against the
+source's newest aligned ts.
 """
 
 from __future__ import annotations
@@ -85,6 +87,7 @@ class NodeProgress:
 
     accounted: int = -1  # newest raw offset of its records with refined rows, accounted for
     refined: int = -1  # newest raw offset of its refined rows read
+    refined_ts: int = 0  # newest aligned ts of its refined rows read
 
 
 GAP_NS = 100_000_000  # pauses of a partition's appends kept (PartitionProgress.gaps)
@@ -102,6 +105,9 @@ class PartitionProgress:
     # (last append before, first append after) of each pause of the partition's appends
     # longer than GAP_NS (a leader failover, an outage, an idle spell), the newest last
     gaps: list[tuple[int, int]] = field(default_factory=list)
+    # the newest aligned ts of the refined rows of the records accounted for (0: none said):
+    # how far in data time the refiner has come on the partition, any node's records
+    data_ts: int = 0
 
     def accounted(self, offset: int, append_ns: int) -> None:
         """The refiner accounted for the record at ``offset``, appended at ``append_ns``.
@@ -228,6 +234,7 @@ def observe_sources(
             if nodes is not None:
                 np_ = nodes.setdefault((topic, entity_node(src)), NodeProgress())
                 np_.refined = max(np_.refined, st.offset)
+                np_.refined_ts = max(np_.refined_ts, ts)
         for rule in silent:  # it spoke, whatever its clock says of the time
             a = book.resolve(rule.name, src, max(ts, st.last_ts), now_ns)
             if a is not None:
@@ -299,7 +306,16 @@ def _quiet(
     # intervals was down (a leader failover) or idle: its producers' queued records come in
     # a burst after it, the source's among them; its silence counts from then
     start = pp.resumed(last, 2 * interval_ns) if interval_ns else last
-    return reached - start, last
+    quiet = reached - start
+    # and no longer than the data reached has moved past the source's own newest (the
+    # partition's accounted for, else its node's read): a producer that falls behind (a
+    # loaded host getting everyone's records to the broker later and later, slower than they
+    # are made) spaces them in broker time, not in the time they tell; a source that stopped
+    # while others go on is behind in both
+    data = pp.data_ts if whole else np_.refined_ts
+    if data:
+        quiet = min(quiet, data - st.last_ts)
+    return quiet, last
 
 
 def tick_silent(

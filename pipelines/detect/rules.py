@@ -190,16 +190,19 @@ class RuleEngine:
         node: str | None = None,
         rows: bool = False,
         topic: str | None = None,
+        ts_max: int | None = None,
     ) -> None:
         """The refiner accounted for the raw record at ``(partition, offset)`` of the raw
         topic, appended by the broker at ``append_ns``, a batch of ``node`` that gave refined
         rows when ``rows``: silence is judged on this progress
         (:mod:`pipelines.detect.rule_health`).
         Records of a partition arrive in offset order. ``topic``: the raw topic (None: the
-        engine's)."""
+        engine's); ``ts_max``: the newest aligned ts of the record's refined rows, if known."""
         topic = topic or self.raw_topic
         pp = self.progress.setdefault((topic, partition), PartitionProgress())
         pp.accounted(offset, append_ns)
+        if ts_max is not None:
+            pp.data_ts = max(pp.data_ts, ts_max)
         if node is not None and rows:
             np_ = self.nodes.setdefault((topic, node), NodeProgress())
             np_.accounted = max(np_.accounted, offset)

@@ -180,6 +180,7 @@ class DetectCore:
         at = now if append is None else int(append) * 1_000_000
         if append is not None:  # every raw topic: telemetry.raw and the ingest topics
             rows = doc.get("outcome") == "refined" and bool(doc.get("refined_samples"))
+            ts_max = doc.get("ts_max")
             self.detector.on_progress(
                 int(doc["raw_partition"]),
                 int(doc["raw_offset"]),
@@ -187,6 +188,7 @@ class DetectCore:
                 doc.get("node"),
                 rows,
                 doc.get("raw_topic"),
+                int(ts_max) if isinstance(ts_max, int) and rows else None,
             )
         if doc.get("outcome") == "deadletter" or doc.get("quarantined_samples"):
             n = 1 if doc.get("outcome") == "deadletter" else int(doc["quarantined_samples"])

@@ -197,10 +197,12 @@ class Detector:
         node: str | None,
         rows: bool,
         topic: str | None = None,
+        ts_max: int | None = None,
     ) -> None:
-        """The refiner accounted for a raw record (of ``node``, with refined ``rows``, on raw
-        ``topic``): silence is judged on this progress."""
-        self.engine.on_progress(partition, offset, append_ns, node, rows, topic)
+        """The refiner accounted for a raw record (of ``node``, with refined ``rows`` whose
+        newest aligned ts is ``ts_max``, on raw ``topic``): silence is judged on this
+        progress."""
+        self.engine.on_progress(partition, offset, append_ns, node, rows, topic, ts_max)
 
     def tick(self, now_ns: int, refined_pending: bool = False) -> Emitted:
         """Time-driven changes, judged on data time (the watermark), so that catching up on

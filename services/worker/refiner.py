@@ -323,7 +323,14 @@ class Refiner:
         msgs, reasons = sample_dead_letters(self.topics, rec, src.node, r, now_ns)
         msgs.append(
             self._accounting(
-                rec, r.outcome, r.input, r.refined_count, r.duplicate, r.quarantined, src.node
+                rec,
+                r.outcome,
+                r.input,
+                r.refined_count,
+                r.duplicate,
+                r.quarantined,
+                src.node,
+                ts_max=r.newest_ns,
             )
         )
         msgs += self._clock_alert(src.stream_key(), src.node, r, now_ns, rec)
@@ -409,8 +416,11 @@ class Refiner:
         quarantined: int,
         node: str | None,
         reason: str | None = None,
+        ts_max: int | None = None,
     ) -> OutMessage:
-        return accounting(self.topics, rec, outcome, n, refined, dup, quarantined, node, reason)
+        return accounting(
+            self.topics, rec, outcome, n, refined, dup, quarantined, node, reason, ts_max
+        )
 
     def _clock_alert(
         self, stream: str, node: str, r: RefineResult, now_ns: int, rec: RawRecord

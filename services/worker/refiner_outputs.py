@@ -125,8 +125,11 @@ def accounting(
     quarantined: int,
     node: str | None,
     reason: str | None = None,
+    ts_max: int | None = None,
 ) -> OutMessage:
-    """The accounting message of one raw record (one per record, whatever its outcome)."""
+    """The accounting message of one raw record (one per record, whatever its outcome);
+    ``ts_max``: the newest aligned ts of its refined rows (None: it gave none), how far in
+    data time the refiner has come on its partition (detect judges silence on it)."""
     doc = {
         "raw_topic": rec.topic,
         "raw_partition": rec.partition,
@@ -140,4 +143,6 @@ def accounting(
         "quarantined_samples": quarantined,
         "append_ms": rec.append_ms,
     }
+    if ts_max is not None:
+        doc["ts_max"] = ts_max
     return OutMessage(topics.accounting, str(rec.partition).encode(), compact_json(doc))

@@ -110,7 +110,9 @@ def detect_inputs(rng: np.random.Generator) -> list[tuple[int, str, int, int, by
                 "refined_samples": 1,
                 "quarantined_samples": 0,
             }
-            if not publish:
+            if publish:
+                doc["ts_max"] = r.ts  # the newest aligned ts of its rows
+            else:
                 doc["outcome"] = "replay"
             streams.setdefault((TOPICS.accounting, r.partition), []).append(
                 (t, json.dumps(doc).encode(), "", r.offset)
@@ -398,3 +400,42 @@ def test_a_producer_stall_shorter_than_a_second_silences_nobody() -> None:
             out += e.evaluate(refined([row]), at)
             out += e.tick(at)
     assert out == []
+
+
+def test_a_producer_falling_behind_silences_nobody_and_a_real_stop_still_fires() -> None:
+    """Four nodes share raw partition 0, a batch a second each (data time). Their producer
+    falls behind (a loaded host): at 10 s it gets a second of their records to the broker
+    in 4.4 s, the partition never pausing for long. In broker time n1's records are more
+    than three intervals apart; in the time they tell, nobody's data stopped: nobody is
+    silent. Back on time, n1 stops while
+    the others go on: it is silent after three intervals."""
+    from pipelines.detect.rule_config import load_rules
+    from pipelines.detect.rules import RuleEngine
+    from services.detect.detector import DEFAULT_RULES
+
+    cat = default_catalog()
+    e = RuleEngine(load_rules(DEFAULT_RULES, cat), cat, raw_topic="telemetry.raw")
+    out: list[Any] = []
+    off, append = 0, T0
+    nodes = ("n1", "n2", "n3", "n4")
+    for sec in range(60):
+        # broker time one second of data takes: 1 s, 4.4 s at 10 s (the host crawled), then
+        # 0.4 s while the backlog drains, 1 s again once it has
+        took = S if sec < 10 or sec >= 17 else (44 * S // 10 if sec == 10 else 4 * S // 10)
+        for k, node in enumerate(nodes):
+            if node == "n1" and sec >= 45:
+                continue  # n1 stops
+            append += took // len(nodes)
+            off += 1
+            ts = T0 + sec * S + k * S // 8
+            e.on_progress(0, off, append, node, True, "telemetry.raw", ts)
+            row = {"node": node, "device": "node", "metric": "mem.available_bytes",
+                   "ts": ts, "value": 5e11 + sec, "exporter": "node", "seq": sec,
+                   "raw_partition": 0, "raw_offset": off, "raw_topic": "telemetry.raw"}  # fmt: skip
+            out += e.evaluate(refined([row]), append)
+            out += e.tick(append)
+        if sec == 44:
+            assert out == []  # the slow spell silenced nobody
+    assert [(a.rule, a.entity, a.state.value) for a in out] == [
+        ("exporter_silent", "n1|node|0", "firing")
+    ]
