@@ -38,7 +38,7 @@ the same whatever its total length.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
@@ -341,7 +341,22 @@ def plan_window(
                 unit=nic,
             )
         )
-    return out
+    return _after_reboots(out, interval_ns)
+
+
+def _after_reboots(out: list[Incident], interval_ns: int) -> list[Incident]:
+    """``out`` with each XID planned while its node is down (a reset: the node reports
+    nothing) moved to as far into the tick after the node is back up: it is the truth of an
+    event the node can report."""
+    downs = [(x.node_idx, x.start_ns, x.end_ns) for x in out if x.kind is FaultKind.RESET]
+    moved = []
+    for x in out:
+        for nodes, a, b in downs:
+            if x.kind is FaultKind.XID and x.node_idx == nodes and a <= x.start_ns < b:
+                t0 = b + (x.start_ns - a) % interval_ns
+                x = replace(x, start_ns=t0, end_ns=t0 + 1)
+        moved.append(x)
+    return moved
 
 
 def malformed_reasons(spec: FaultSpec) -> list[Reason]:

@@ -533,3 +533,23 @@ def test_a_duplicate_sends_the_bytes_its_original_was_sent_with() -> None:
         assert d.encode() == orig.encode()
         sent = decode(*reversed(d.encode()))
         assert sent.envelope.clock is not None and sent.envelope.clock.exchanges == [ex]
+
+
+def test_an_xid_planned_while_its_node_reboots_happens_once_it_is_back() -> None:
+    """A node that is down reports nothing: an XID planned inside its reset is moved into the
+    tick after the reset ends, so the truth holds only events the node could report, and
+    its events exporter does report it."""
+    spec = "xid:node=node0001,start=5,count=1,reset:node=node0001,start=4,dur=5"
+    sim, msgs = run(4, spec, 14, seed=3)
+    (xid,) = [i for i in sim.incidents if i.kind is FaultKind.XID]
+    (reset,) = [i for i in sim.incidents if i.kind is FaultKind.RESET]
+    assert reset.start_ns == T0 + 4 * S and reset.end_ns == T0 + 9 * S
+    assert reset.end_ns <= xid.start_ns < reset.end_ns + S
+    events = [m for m in msgs if m.stream is Stream.EVENTS and m.table is not None]
+    codes = [
+        (m.envelope.source.node, c)
+        for m in events
+        if m.envelope is not None
+        for c in m.table.column("code").to_pylist()
+    ]
+    assert ("node0001", xid.detail["code"]) in codes
