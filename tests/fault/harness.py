@@ -280,9 +280,11 @@ def worker_story(tmp: Path, w: Supervised | None = None, lines: int = 12) -> str
 
 
 def acked_raw(truth_path: Path) -> int:
-    """Acknowledged raw batches in the truth (the refined records to wait for)."""
+    """Acknowledged raw batches with rows in the truth (the refined records to wait for; an
+    exporter's greeting, a batch without rows, gives none)."""
     sends = load_truth(truth_path).sends
-    return int(pc.sum(pc.equal(sends.column("stream"), "raw")).as_py() or 0)
+    raw = pc.and_(pc.equal(sends.column("stream"), "raw"), pc.greater(sends.column("samples"), 0))
+    return int(pc.sum(raw).as_py() or 0)
 
 
 def report(name: str, r: Reconciled, recover_s: float, **extra: object) -> None:
