@@ -6,7 +6,8 @@ Kafka as plain dicts; does no I/O. :func:`score` returns an :class:`AccuracyRepo
 What each truth incident should produce (**required** signals count for recall; **optional**
 ones make a detection a true positive without being required)::
 
-    xid        gpu_xid on node/gpuN, onset within ``slack`` of the event, same Xid code
+    xid        gpu_xid on node/gpuN, onset within ``slack`` (plus the bound the alert states on
+               it, ``evidence.ts_error_ns``) of the event, same Xid code
     throttle   gpu_thermal_throttle | gpu_power_throttle (by cause) on node/gpuN
                + a throttling episode on node/gpuN;   optional: gpu_temp_high (thermal)
     link_flap  nic_link_down on node/mlx5_K/1
@@ -218,7 +219,8 @@ def incident_signals(
         code, at = det.get("code"), int(row["start_ns"])
 
         def xid(d: Detection) -> bool:
-            near = abs(d.start_ns - at) <= slack_ns
+            # the onset is stated within its clock bound (wide right after a clock step)
+            near = abs(d.start_ns - at) <= slack_ns + int(d.evidence.get("ts_error_ns") or 0)
             same = code is None or d.evidence.get("code") == code
             return d.rule == "gpu_xid" and d.entity == gpu and near and same
 

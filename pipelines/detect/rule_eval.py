@@ -55,7 +55,8 @@ def _runs(t: pa.Table, cls: Array) -> tuple[pa.Table, list[int]]:
 
 
 def _rows(t: pa.Table) -> list[dict[str, Any]]:
-    cols = [c for c in (*_ROW_COLS, *_ENRICH, "value", "rate", "_key") if c in t.column_names]
+    keep = (*_ROW_COLS, *_ENRICH, "value", "rate", "_key", "clock_error_ns")
+    cols = [c for c in keep if c in t.column_names]
     rows: list[dict[str, Any]] = t.select(cols).to_pylist()
     return rows
 
@@ -191,7 +192,10 @@ def _event_alert(
     message: str | None,
     now_ns: int,
     lineage: list[Lineage],
+    ts_error_ns: int | None = None,
 ) -> Alert | None:
+    """``ts_error_ns``: the bound on the onset's ``ts`` (its row's ``clock_error_ns``), kept in
+    the evidence: a clock that just stepped leaves it wide, and the alert says so."""
     entity = f"{node}/{device}"
     key = entity if rule.resolve_on or rule.event == "throttle" else f"{entity}#{code}@{ts}"
     if book.is_firing(rule.name, key):
@@ -206,6 +210,8 @@ def _event_alert(
     vals |= {"device": device, "job": None, "event": rule.event or rule.metric, "code": code}
     vals |= {"meaning": meaning, "message": message}
     ev: dict[str, Any] = {"event": rule.event or rule.metric, "code": code, "ts_ns": ts}
+    if ts_error_ns is not None:
+        ev["ts_error_ns"] = int(ts_error_ns)
     if meaning:
         ev["meaning"] = meaning
     if message:
@@ -240,7 +246,9 @@ def eval_events(
         return []
     t = t.sort_by([("ts_ns", "ascending")])
     out: list[Alert] = []
-    for r in t.select(["node", "ts_ns", "event", "device", "code", "message"]).to_pylist():
+    cols = ["node", "ts_ns", "event", "device", "code", "message"]
+    cols += ["clock_error_ns"] if "clock_error_ns" in t.column_names else []
+    for r in t.select(cols).to_pylist():
         entity = f"{r['node']}/{r['device']}"
         code = r["code"]
         ends = r["event"] == rule.resolve_on or (rule.event == "throttle" and not code)
@@ -250,8 +258,9 @@ def eval_events(
             continue
         else:
             a = _event_alert(
-                rule, book, r["node"], r["device"], r["ts_ns"], code, r["message"], now_ns, lineage
-            )
+                rule, book, r["node"], r["device"], r["ts_ns"], code, r["message"], now_ns, lineage,
+                r.get("clock_error_ns"),
+            )  # fmt: skip
         if a is not None:
             out.append(a)
     return out
@@ -290,6 +299,7 @@ def eval_metric_events(
             None,
             now_ns,
             _lin(row, topic),
+            row.get("clock_error_ns"),
         )
         if a is not None:
             out.append(a)

@@ -75,6 +75,23 @@ def test_xid_matches_on_entity_code_and_onset() -> None:
     ]
 
 
+def test_an_xid_onset_counts_within_the_bound_its_alert_states() -> None:
+    """Right after a node's clock stepped by 15 s, the batch carrying its XID is bounded over
+    both settings: the alert's onset is 7.6 s off, and it says ±7.6 s. That alert is right;
+    one as far off claiming a tight onset is not."""
+    inc = [incident("xid", 30, 30, node="n1", device="gpu2", detail={"code": 63})]
+    stated = alert("gpu_xid", "n1/gpu2", 37.6, evidence={"code": 63, "ts_error_ns": 76 * S // 10})
+    assert (
+        score(inc, [], [stated], [], RUN).precision,
+        score(inc, [], [stated], [], RUN).recall,
+    ) == (1.0, 1.0)
+    tight = alert("gpu_xid", "n1/gpu2", 37.6, evidence={"code": 63, "ts_error_ns": S // 100})
+    assert (
+        score(inc, [], [tight], [], RUN).precision,
+        score(inc, [], [tight], [], RUN).recall,
+    ) == (0.0, 0.0)
+
+
 def test_throttle_needs_its_rule_and_an_episode_and_temp_high_is_optional() -> None:
     inc = [incident("throttle", 20, 44, node="n1", device="gpu6", detail={"cause": "thermal"})]
     rule = alert("gpu_thermal_throttle", "n1/gpu6", 20)

@@ -154,6 +154,17 @@ def test_every_xid_is_one_alert_with_its_meaning() -> None:
     assert {a.id for a in res} == {a.id for a in out}
 
 
+def test_an_event_alert_states_the_bound_on_its_onset() -> None:
+    """Aligned events carry ``clock_error_ns``: the alert keeps it as ``ts_error_ns`` (wide
+    right after the node's clock stepped), and says nothing where the events do not."""
+    ev = events([{"node": "n1", "ts_ns": T0, "event": "xid", "device": "gpu3", "code": 63}])
+    wide = ev.append_column("clock_error_ns", pa.array([7_600_000_000], pa.int64()))
+    (a,) = engine(XID).on_events(wide, T0)
+    assert a.evidence["ts_error_ns"] == 7_600_000_000 and a.starts_ns == T0
+    (b,) = engine(XID).on_events(ev, T0)
+    assert "ts_error_ns" not in b.evidence
+
+
 def test_link_down_fires_and_link_up_resolves() -> None:
     e = engine(LINK)
     down = events([{"node": "n1", "ts_ns": T0, "event": "link_down", "device": "mlx5_1/1"}])
