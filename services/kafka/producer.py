@@ -189,18 +189,20 @@ class BatchProducer:
 
     def greet(self, envelope: Envelope, *, key: str | None = None, timeout_s: float = 5.0) -> bool:
         """Send a batch of ``envelope`` (its kind, source and seq) with no rows, and serve
-        reports for up to ``timeout_s`` until its exchange with the broker is back; True
-        once the producer has one. A source's first batch with rows then carries it: without
-        it, that batch's bound rests on an assumed minimum delay, which a producer still
-        connecting (metadata, a new connection to the leader, SASL/TLS) breaks by tens of ms.
-        False (the broker did not answer in time) costs nothing but that first bound."""
+        reports for up to ``timeout_s`` until its report is back; True once the producer has
+        an exchange with the broker. A source's first batch with rows then carries it:
+        without it, that batch's bound rests on an assumed minimum delay, which a producer
+        still connecting (metadata, a new connection to the leader, SASL/TLS) breaks by tens
+        of ms. False (the broker did not answer in time, or a CreateTime topic, whose reports
+        bound nothing) costs nothing but that first bound."""
         table = PAYLOAD_SCHEMAS[envelope.kind].empty_table()
+        reports = self.stats.acked + self.stats.failed
         self.send(envelope, table, key=key)
         deadline = time.monotonic() + timeout_s
         while not self.exchanges.carried():
             left = deadline - time.monotonic()
-            if left <= 0:
-                return False
+            if left <= 0 or self.stats.acked + self.stats.failed > reports:
+                return bool(self.exchanges.carried())
             self.poll(min(left, 0.05))
         return True
 

@@ -112,6 +112,13 @@ def test_a_greeting_earns_the_first_batch_with_rows_its_exchange(
     for sent, append_ms, ack, part in clock.exchanges:
         assert part == msgs[0].partition()  # the greeting's, the same key's partition
         assert sent - append_ms * 1_000_000 - 1_000_000 <= 0 <= ack - append_ms * 1_000_000
+    # a CreateTime topic's report bounds nothing: the greeting says so once it is back,
+    # without waiting out its timeout
+    plain = BatchProducer(kafka, topic=unique_topic("greet-create", partitions=1))
+    t0 = time.monotonic()
+    assert not plain.greet(_envelope(0), timeout_s=60)
+    assert time.monotonic() - t0 < 30
+    assert plain.close(30) == 0
 
 
 def test_a_loaded_exporter_host_keeps_every_sample_within_its_bound(
