@@ -128,11 +128,14 @@ def test_faust_engine_warm_up_and_commit_after_ack(kafka_bootstrap: str, tmp_pat
     w = start_worker(bs, pre, tmp_path, extra=WORKER_CLOCK_ARGS)
     try:
         time.sleep(6)
-        t0_ms = int(time.time() * 1000)
         simulate(bs, run, nodes=3, seconds=20, faults=FAULTS, seed=24)
         drain(bs, run, pre + "worker")
     finally:
         w.stop()
+    assert run.report is not None
+    # the simulation's true start (the broker's clock at speed 1): the exporters' greetings
+    # and the topology go before it
+    t0_ms = run.report.start_ns // 1_000_000
     conf = {"bootstrap.servers": bs}
 
     # a whole run: every input offset committed by the idle exit

@@ -56,18 +56,23 @@ def test_scrape_publishes_native_batches_with_full_identity(
                             env={**os.environ, "REFINERY_BOOTSTRAP_SERVERS": kafka_bootstrap},
                             stderr=subprocess.PIPE, text=True)  # fmt: skip
     try:
-        got = read_all(kafka_bootstrap, raw, until=3, timeout=120)
+        got = read_all(kafka_bootstrap, raw, until=4, timeout=120)
     finally:
         proc.terminate()
         _, err = proc.communicate(timeout=30)
     assert proc.returncode == 0, err
     assert "not in the catalog, not published" in err  # reported once, named
-    batches = [decode(v, content_type_of(h)) for _, v, h in got[:3]]
-    src = {b.envelope.source for b in batches}
+    # the target's greeting first (no rows), then its scrapes, the first carrying the
+    # greeting's exchange with the broker
+    hello, *batches = [decode(v, content_type_of(h)) for _, v, h in got[:4]]
+    assert hello.table.num_rows == 0 and hello.envelope.seq == 0
+    src = {b.envelope.source for b in [hello, *batches]}
     assert len(src) == 1
     s = batches[0].envelope.source
     assert (s.node, s.exporter, s.instance) == ("ne1", "scrape", endpoint.split("/")[2])
-    assert sorted(b.envelope.seq for b in batches) == [0, 1, 2]  # seq per source and run
+    assert sorted(b.envelope.seq for b in batches) == [1, 2, 3]  # seq per source and run
+    clock = batches[0].envelope.clock
+    assert clock is not None and clock.exchanges
     rows = {(r["metric"], r["device"]): r for r in batches[0].table.to_pylist()}
     assert rows[("cpu.user_seconds", "cpu0")]["raw"] == 44490
     assert rows[("ib.port_rcv_data", "mlx4_0/1")]["raw"] == 18527668 // 4
