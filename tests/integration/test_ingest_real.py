@@ -208,7 +208,8 @@ def test_node_exporter_scraped_and_pushed_against_proc(
                     subprocess.run(["kcat", "-P", "-b", kafka_bootstrap, "-t", topic,
                                     "-k", "ne-kcat", str(f)], check=True, timeout=30)  # fmt: skip
                     time.sleep(1.0)
-                read_all(kafka_bootstrap, raw, until=3, timeout=90)  # the scraper's first three
+                # the scraper's greeting (a batch without rows) and its first three scrapes
+                read_all(kafka_bootstrap, raw, until=4, timeout=90)
             finally:
                 scraper.send_signal(signal.SIGTERM)
                 scraper.wait(30)
