@@ -105,6 +105,9 @@ class BatchSink:
             # a batch with no rows first: its exchange bounds the clock of the first with rows
             producer.greet(self._envelope(kind, clock), key=key)
             self._producers[topic] = producer
+        if self._producers[topic].refused is not None:
+            self.refused.count += 1  # said once already; every batch for it is refused too
+            return
         self._producers[topic].send(self._envelope(kind, clock), table, key=key)
 
     def _envelope(self, kind: PayloadKind, clock: ClockBlock | None) -> Envelope:

@@ -118,6 +118,10 @@ def cmd_export_node(args: argparse.Namespace, settings: RefinerySettings) -> int
         # a batch with no rows first: its exchange bounds the clock of the first with rows
         hello = collector.envelope(source, sent_ns=time.time_ns(), interval_ns=interval_ns)
         producer.greet(hello, key=source.node)
+        if producer.refused is not None:  # said once (Refusals); every batch would be too
+            collector.close()
+            producer.close(5.0)
+            return 1
     try:
         while True:
             if facts is not None and scrapes % max(1, args.facts_every) == 0:

@@ -147,6 +147,10 @@ def _scrape_once(targets: list[Target], args: argparse.Namespace, producer: Any)
                 # with rows; that one takes the next seq and is stamped when sent
                 producer.greet(env, key=env.source.node)
                 t.greeted = True
+                if producer.refused is not None:
+                    print(f"refinery export scrape: {t.url}: Kafka refused its first batch: "
+                          f"{producer.refused.str()}", file=sys.stderr)  # fmt: skip
+                    continue
                 env = env.model_copy(update={"seq": t.seq, "sent_ns": time.time_ns()})
                 t.seq += 1
             producer.send(env, table, key=env.source.node)

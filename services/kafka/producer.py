@@ -158,6 +158,9 @@ class BatchProducer:
         self._on_delivery = on_delivery
         self._on_exchange = on_exchange
         self.exchanges = ExchangeLog()
+        self._produce_failures: set[str] = set()
+        # the error of the last report that refused a batch for good (not authorized...)
+        self.refused: KafkaError | None = None
         self._spool: collections.deque[_Pending] = collections.deque()
         self._spool_max = spool_max_batches
         self._spool_max_bytes = spool_max_bytes
@@ -194,7 +197,9 @@ class BatchProducer:
         without it, that batch's bound rests on an assumed minimum delay, which a producer
         still connecting (metadata, a new connection to the leader, SASL/TLS) breaks by tens
         of ms. False (the broker did not answer in time, or a CreateTime topic, whose reports
-        bound nothing) costs nothing but that first bound."""
+        bound nothing) costs nothing but that first bound; the greeting refused for good
+        (:attr:`refused`: the principal may not write the topic) says the batches will be
+        too."""
         table = PAYLOAD_SCHEMAS[envelope.kind].empty_table()
         reports = self.stats.acked + self.stats.failed
         self.send(envelope, table, key=key)
@@ -250,7 +255,10 @@ class BatchProducer:
         except BufferError:
             return False
         except KafkaException as e:
-            log.warning("produce failed, spooling: %s", e)
+            said = str(e)
+            if said not in self._produce_failures:  # once per reason, however often retried
+                self._produce_failures.add(said)
+                log.warning("produce failed, spooling: %s", said)
             return False
         self.stats.sent += 1
         return True
@@ -269,6 +277,8 @@ class BatchProducer:
                 # transport duplicate (same source and seq), so nothing doubles downstream.
                 if err.retriable() or err.code() == KafkaError._MSG_TIMED_OUT:
                     self._to_spool(item)
+                else:
+                    self.refused = err
             if self._on_delivery is not None:
                 part = msg.partition() if err is None else -1
                 off = msg.offset() if err is None else -1
@@ -406,6 +416,8 @@ class BatchProducer:
             left = self._producer.flush(max(0.0, min(1.0, deadline - time.monotonic())))
             if (left == 0 and not self._spool) or time.monotonic() >= deadline:
                 return left + len(self._spool)
+            if left == 0:  # the spool could not be handed over: wait, do not spin
+                self._producer.poll(max(0.0, min(0.2, deadline - time.monotonic())))
 
     def close(self, timeout: float = 30.0) -> int:
         """Flush, persist what is still unsent to the spool directory if any; returns it."""
