@@ -376,7 +376,7 @@ def publish(
         # the exporters greet the broker first (engine.GREET_LEAD_NS before the start): the
         # true clock starts once their reports have had that long to come back
         sim.start_ns = time.time_ns() + GREET_LEAD_NS
-        wall0 += 0.0 if fast else GREET_LEAD_NS / 1e9 / speed
+        wall0 += 0.0 if fast else GREET_LEAD_NS / 1e9  # the wall clock reads start_ns then
     start = sim.start_ns
     _send_json(jobs_prod, [(j.job, j.model_dump_json()) for j in sim.cluster.jobs(start)])
     last = wall0
