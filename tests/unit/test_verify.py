@@ -5,6 +5,7 @@ defects make the verdict fail."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -182,8 +183,13 @@ def _alert(rule: str, entity: str, at: int, node: str | None, **kw: Any) -> dict
     }
 
 
-def _land_events_and_collectives(w: LakeWriter) -> None:
-    """The XID event and every collective record, once each."""
+def _land_events_and_collectives(
+    w: LakeWriter,
+    event: dict[str, Any] | None = None,
+    collective: Callable[[int, int], dict[str, Any]] = lambda op, rank: {},
+) -> None:
+    """The XID event and every collective record, once each, on their true time with a 1 ns
+    bound; ``event`` and ``collective(op_seq, rank)``: columns to set instead."""
     ev = {
         "node": "n02",
         "ts": T0 + 12 * S,
@@ -198,6 +204,7 @@ def _land_events_and_collectives(w: LakeWriter) -> None:
         "event": "xid",
         "device": "gpu2",
         "code": 79,
+        **(event or {}),
     }
     w.land("events", pa.Table.from_pylist([ev]), partition=0, first=0, last=0)
     colls = [
@@ -219,6 +226,7 @@ def _land_events_and_collectives(w: LakeWriter) -> None:
             "rank": r,
             "nranks": 3,
             "device": "gpu0",
+            **collective(i, r),
         }
         for i in range(5)
         for r in range(3)
@@ -363,11 +371,16 @@ def test_a_rule_holds_its_for_in_broker_time(tmp_path: Path, speed: float) -> No
     assert (("throttle-000-00", "gpu_power_throttle") in missed) == (speed == 1.0), missed
 
 
-def test_verify_clean_run_meets_every_goal(tmp_path: Path) -> None:
-    """The same truth with a lake that has it all, once, on time: exit-0 verdict."""
-    truth = tmp_path / "truth.parquet"
-    samples, _ = _write_truth(truth, 1.0)
-    w = LakeWriter(tmp_path / "lake")
+def _land_clean(
+    lake: Path,
+    samples: pa.Table,
+    bound: Callable[[int], tuple[int, str | None]] = lambda i: (1000, None),
+    event: dict[str, Any] | None = None,
+    collective: Callable[[int, int], dict[str, Any]] = lambda op, rank: {},
+) -> None:
+    """A lake that has the run all, once, 100 ns from the true time, and the XID alert;
+    ``bound(i)``: the i-th good sample's ``clock_error_ns`` and ``clock_basis``."""
+    w = LakeWriter(lake)
     w.ensure_seeds()
     good = [r for r in samples.to_pylist() if r["expected_reason"] is None]
     rows = [
@@ -379,7 +392,8 @@ def test_verify_clean_run_meets_every_goal(tmp_path: Path) -> None:
             "ts": r["ts_true_ns"] + 100,
             "ts_source": r["ts_source_ns"],
             "clock_offset_ns": 0,
-            "clock_error_ns": 1000,
+            "clock_error_ns": bound(i)[0],
+            "clock_basis": bound(i)[1],
             "reset": False,
             "late": False,
             "exporter": r["exporter"],
@@ -392,13 +406,134 @@ def test_verify_clean_run_meets_every_goal(tmp_path: Path) -> None:
         for i, r in enumerate(good)
     ]
     w.land("samples", pa.Table.from_pylist(rows), partition=0, first=0, last=0)
-    _land_events_and_collectives(w)
+    _land_events_and_collectives(w, event, collective)
     xid = _alert("gpu_xid", "n02/gpu2", T0 + 12 * S, "n02", evidence=json.dumps({"code": 79}))
     w.land("alerts", pa.Table.from_pylist([xid]), partition=0, first=0, last=0)
+
+
+def test_verify_clean_run_meets_every_goal(tmp_path: Path) -> None:
+    """The same truth with a lake that has it all, once, on time: exit-0 verdict."""
+    truth = tmp_path / "truth.parquet"
+    samples, _ = _write_truth(truth, 1.0)
+    _land_clean(tmp_path / "lake", samples)
     v = verify(tmp_path / "lake", truth)
     assert v.ok, v.misses
+    assert v.misses == []
     assert v.clock.within_share == 1.0 and v.alerts.precision == 1.0
     assert "every goal met" in render(v)
+
+
+def test_an_event_and_a_collective_off_their_bound_are_counted(tmp_path: Path) -> None:
+    """The XID event 5 ms from its true time with a 1 ms bound; of the 15 collective records
+    one 3 ms off with a 2 ms bound (out) and one 1 ms off with the same bound (in): each
+    dataset's within-bound share misses its goal and fails the verdict."""
+    truth = tmp_path / "truth.parquet"
+    samples, _ = _write_truth(truth, 1.0)
+    off = {(2, 1): 3_000_000, (3, 0): 1_000_000}
+    _land_clean(
+        tmp_path / "lake",
+        samples,
+        event={"ts": T0 + 12 * S + 5_000_000, "clock_error_ns": 1_000_000},
+        collective=lambda op, r: (
+            {"ts": T0 + op * S + off[op, r], "clock_error_ns": 2_000_000} if (op, r) in off else {}
+        ),
+    )
+    v = verify(tmp_path / "lake", truth)
+    ev, co = v.clocks["events"], v.clocks["collectives"]
+    assert (ev.rows, ev.within, ev.err_p99_ns) == (1, 0, 5_000_000)
+    assert ev.worst_sources == [
+        {"source": "n02|kmsg", "out_of_bound": 1, "rows": 1, "err_max_ns": 5_000_000}
+    ]
+    assert (co.rows, co.within) == (15, 14)
+    assert co.err_p99_ns == pytest.approx(np.quantile([0] * 13 + [1e6, 3e6], 0.99))
+    assert co.worst_sources[0]["source"] == "n02|nccl"  # rank 1's row, as the lake names it
+    assert v.clock.within == v.clock.rows  # the samples are all inside
+    assert not v.ok
+    assert "clock: 0.00 % of events within their bound (goal ≥ 99.9 %)" in v.misses
+    assert "clock: 93.33 % of collectives within their bound (goal ≥ 99.9 %)" in v.misses
+    text = render(v)
+    assert "clock events      0.000 % of 1 within their bound (≥ 99.9 % missed)" in text
+    assert "out of bound: collectives n02|nccl  1 of 5" in text
+
+
+def _tight(i: int) -> tuple[int, str | None]:
+    """The i-th sample's bound: every 100th 'assumed' and 150 ms wide, the others on
+    exchanges from 0.5 to 3 ms."""
+    if i % 100 == 0:
+        return 150_000_000, "assumed"
+    return 500_000 + (i % 51) * 50_000, "exchange"
+
+
+def test_bound_tightness_figures(tmp_path: Path) -> None:
+    truth = tmp_path / "truth.parquet"
+    samples, _ = _write_truth(truth, 1.0)
+    _land_clean(
+        tmp_path / "lake",
+        samples,
+        bound=_tight,
+        event={"clock_error_ns": 120_000_000, "clock_basis": "assumed"},
+        collective=lambda op, r: {
+            "clock_error_ns": 1_000_000 * (op + 1),
+            "clock_basis": "exchange",
+        },
+    )
+    v = verify(tmp_path / "lake", truth)
+    k = v.clock
+    bounds = [_tight(i) for i in range(k.rows)]
+    ex = [b for b, basis in bounds if basis == "exchange"]
+    assert k.rows == 920 and k.wide == 10  # i = 0, 100, ..., 900
+    assert k.wide_share == pytest.approx(10 / 920)
+    assert k.bound_p50_ns == pytest.approx(np.quantile([b for b, _ in bounds], 0.5))
+    assert k.bound_p99_ns == pytest.approx(np.quantile([b for b, _ in bounds], 0.99))
+    assert k.by_basis["exchange"].rows == 910 and k.by_basis["assumed"].rows == 10
+    assert k.by_basis["exchange"].p50_ns == pytest.approx(np.quantile(ex, 0.5))
+    assert k.by_basis["exchange"].p99_ns == pytest.approx(np.quantile(ex, 0.99))
+    assert k.by_basis["assumed"].p50_ns == 150_000_000
+    assert v.clocks["events"].wide_share == 1.0  # its one event, 120 ms
+    co = v.clocks["collectives"]
+    assert (co.wide, co.bound_p50_ns, co.by_basis["exchange"].p99_ns) == (
+        0,
+        3_000_000,
+        pytest.approx(np.quantile([1e6 * (op + 1) for op in range(5) for _ in range(3)], 0.99)),
+    )
+    assert v.ok  # every row inside its bound: tightness alone does not fail
+    assert v.misses == [
+        "bounds: 1.087 % of samples bounded wider than 100 ms (goal ≤ 0.1 %)",
+        "bounds: 100.000 % of events bounded wider than 100 ms (goal ≤ 0.1 %)",
+        "bounds: collectives exchange-based bound p50 3 ms (goal ≤ 2 ms)",
+    ]
+    d = v.as_dict()
+    assert d["ok"] and d["tightness_misses"] == v.misses
+    assert d["clocks"]["samples"]["by_basis"]["exchange"]["rows"] == 910
+    assert d["clocks"]["events"]["wide_share"] == 1.0
+
+
+def test_a_tightness_miss_fails_only_with_strict_bounds(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every exchange-based bound 3 ms wide, every row inside it: listed as missed, exit 0;
+    exit 1 with --strict-bounds."""
+    from services.cli import main
+
+    truth = tmp_path / "truth.parquet"
+    samples, _ = _write_truth(truth, 1.0)
+    _land_clean(tmp_path / "lake", samples, bound=lambda i: (3_000_000, "exchange"))
+    args = ["verify", "--truth", str(truth), "--lake", str(tmp_path / "lake")]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "exchange 920 p50 3 ms (≤ 2 ms missed) p99 3 ms (≤ 20 ms met)" in out
+    assert "missed (not failing without --strict-bounds): bounds: samples exchange-based" in out
+    assert main([*args, "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["ok"] and d["misses"] == [
+        "bounds: samples exchange-based bound p50 3 ms (goal ≤ 2 ms)"
+    ]
+    p50 = [g for g in d["clock_goals"] if g["figure"] == "exchange_bound_p50_ns"]
+    assert [(g["dataset"], g["value"], g["met"]) for g in p50] == [("samples", 3e6, False)]
+    assert main([*args, "--strict-bounds"]) == 1
+    assert "MISSED: bounds: samples exchange-based bound p50 3 ms" in capsys.readouterr().out
+    v = verify(tmp_path / "lake", truth, strict_bounds=True)
+    assert not v.ok and v.misses == d["misses"]
 
 
 def test_verify_cli_says_what_is_wrong_in_one_line(
