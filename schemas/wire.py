@@ -71,6 +71,15 @@ class ClockBlock(BaseModel):
             "[send - append - 1 ms, ack - append] (see docs/clock.md)"
         ),
     )
+    stamps_ns: tuple[Int64, Int64] | None = Field(
+        default=None,
+        description=(
+            "the lowest and highest setting of the source's wall clock (wall - raw "
+            "monotonic) the batch's rows were stamped on, less the setting at its send "
+            "(ns, <= 0 and >= 0): its exchanges are carried widened by as much, and the "
+            "bound from the batch's own append time is widened alike (docs/clock.md)"
+        ),
+    )
 
 
 class SourceId(BaseModel):

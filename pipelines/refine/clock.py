@@ -155,17 +155,25 @@ class ClockEstimator:
     )
 
     def observe(
-        self, sent_ns: int, arrival_ns: int | None, clock: ClockBlock | None = None
+        self,
+        sent_ns: int,
+        arrival_ns: int | None,
+        clock: ClockBlock | None = None,
+        partition: int | None = None,
     ) -> ClockEstimate:
         """Add one (source send time, broker append time) pair; returns the new estimate,
         bounded by the clock block's exchanges when it carries any (see :func:`bounded`).
         ``arrival_ns`` None: the record's timestamp is no append time (a CreateTime topic);
-        it adds no point. O(window) Python work per call, once per batch."""
+        it adds no point. ``partition``: the record's (its append time then also bounds the
+        offset from below, see :func:`bounded`). O(window) Python work per call, once per
+        batch."""
+        drift = self.settings.exchange_drift_ppm
         if arrival_ns is None:
-            est = bounded(self.last, int(sent_ns), clock, self.settings.plausible_drift_ppm)
+            est = bounded(self.last, int(sent_ns), clock, drift)
             return est if est.basis == "exchange" else replace(est, basis="create_time")
         self.last = self._observe(sent_ns, arrival_ns, clock)
-        est = bounded(self.last, int(sent_ns), clock, self.settings.plausible_drift_ppm)
+        append = (int(arrival_ns), partition) if partition is not None else None
+        est = bounded(self.last, int(sent_ns), clock, drift, append)
         if est.basis == "exchange" and clock is not None and clock.exchanges:
             self._calibrate(int(sent_ns), clock)
         elif self.excess:
@@ -176,7 +184,7 @@ class ClockEstimator:
         """Keep how far the model's offset at ``x`` may lie beyond its bound: its distance
         to the far end of the exchanges' hard interval, less its own bound."""
         hard = hard_interval(
-            exchanges_of(clock.exchanges or []), x, self.settings.plausible_drift_ppm
+            exchanges_of(clock.exchanges or []), x, self.settings.exchange_drift_ppm
         )
         if hard is None or self.last is UNKNOWN:
             return

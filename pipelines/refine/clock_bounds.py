@@ -11,28 +11,35 @@ truncates to the millisecond). The offset ``source - broker`` then lies in::
 
 whatever the queueing, linger, retries or load: they widen the interval, never falsify it.
 
-Over time the offset moves by the relative drift of the two oscillators, at most
-``drift_ppm`` (200 ppm by default): an exchange taken at source time ``S`` bounds the offset
-at source time ``t`` by its interval widened by ``drift_ppm x |t - S|`` on each side. The
-intersection of several such intervals is the hard bound at ``t``.
+Over time the offset moves by what the source's time daemon does to its wall clock (steps,
+slews) and by the drift of its oscillator against the broker's clock. The exporter sees the
+first exactly: its wall clock against its raw monotonic clock (``CLOCK_MONOTONIC_RAW``, the
+oscillator alone) moves by every step and slew, and the exchanges are carried onto the
+setting of each batch (:class:`ExchangeLog`). The second is at most ``drift_ppm``
+(:data:`DRIFT_PPM`, 500 ppm: the frequency tolerance NTP and the kernel's clock discipline
+are built for, ``MAXFREQ``; real oscillators drift by tens): an exchange taken at source time
+``S`` bounds the offset at source time ``t`` by its interval widened by ``drift_ppm x |t - S|``
+on each side. The intersection of several such intervals is the hard bound at ``t``.
 
-A clock step invalidates older exchanges. The exporter sees its own steps (its wall clock
-moves against its monotonic clock by more than drift explains) and drops its exchanges then
-(:class:`ExchangeLog`). When the intervals still do not intersect (a step not seen, a leader
-whose clock differs from the previous one's), only the newest exchange is kept.
+When the intervals still do not intersect (a leader whose clock differs from the previous
+one's, a machine paused between them), only the newest exchange is kept. A pause of the
+whole machine (a VM stopped: its clocks stand still, the raw one too) moves the offset down
+by the pause, unseen by the exporter: the worker's bound takes the batch's own append time
+as well, which bounds the offset from below whatever happened (:func:`own_floor`).
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 MS = 1_000_000
-DRIFT_PPM = 200.0
+DRIFT_PPM = 500.0
 # how many exchanges an exporter carries in a batch's clock block
 CARRIED = 4
-# the largest step of the exporter's clock it may miss (its wall clock against its monotonic
-# one, read a few µs apart): every exchange's interval is widened by as much
+# how far one reading of the setting (the wall clock against the raw monotonic one, read a
+# few µs apart) may be off: every exchange's interval is widened by as much
 STEP_TOL_NS = 50_000
 
 
@@ -70,7 +77,7 @@ class Exchange:
 def _widen(dt_ns: int, drift_ppm: float) -> int:
     """How far the offset can move while the source clock advances by ``|dt_ns|``:
     ``drift x true elapsed``, the true elapsed being up to ``|dt| / (1 - drift)``, plus
-    :data:`STEP_TOL_NS` for a step too small to be seen. Rounded up."""
+    :data:`STEP_TOL_NS` for the reading of the setting. Rounded up."""
     ppb = round(drift_ppm * 1000)
     return STEP_TOL_NS - (-abs(dt_ns) * ppb // (1_000_000_000 - ppb))
 
@@ -79,6 +86,13 @@ def drift_rate(drift_ppm: float = DRIFT_PPM) -> float:
     """:func:`_widen`'s growth per ns of source time, as a float (for whole columns)."""
     d = drift_ppm * 1e-6
     return d / (1 - d)
+
+
+def own_floor(sent_ns: int, append_ns: int) -> int:
+    """The lowest offset a record sent at source time ``sent_ns`` and appended at
+    ``append_ns`` (the broker's, truncated to the ms) allows: the append came after the
+    send. It rests on nothing else: no drift, no pause, no step can break it."""
+    return sent_ns - append_ns - MS
 
 
 def exchanges_of(raw: Iterable[Sequence[int]]) -> list[Exchange]:
@@ -125,69 +139,110 @@ def hard_interval(
 @dataclass
 class ExchangeLog:
     """An exporter's recent exchanges: the newest few and the tightest of the last
-    ``keep_ns`` (see :meth:`carried`). Pure: the caller hands it its wall and monotonic
+    ``keep_ns`` (see :meth:`carried`). Pure: the caller hands it its wall and raw monotonic
     readings.
 
-    A step of the exporter's wall clock moves every offset by the step's size. The log keeps
-    each exchange's ``wall - monotonic`` (both run on the same oscillator, so it moves only
-    when the wall clock is stepped, by exactly the step): an exchange whose send and ack
-    disagree by more than :data:`STEP_TOL_NS` straddles a step and is not kept; the others
-    are carried onto the setting of the batch's stamps (their wall readings moved by the
-    step since), so a batch stamped right after a step is bounded as tightly as before it,
-    even while no new exchange can be had (a broker failover)."""
+    The wall clock moves against the raw monotonic clock (``CLOCK_MONOTONIC_RAW``: the
+    oscillator alone, never stepped nor slewed by a time daemon) by exactly what the daemon
+    did to it: every step, every slew (chrony's up to 83,333 ppm, ntpd's 500 ppm), a leap
+    smear. The log keeps each exchange's setting ``wall - raw`` at its send and at its ack,
+    and carries it onto the setting of the batch (its wall readings moved by what the daemon
+    did since), so a batch is bounded as tightly after a step or during a slew as before it,
+    even while no new exchange can be had (a broker failover). What is left between the
+    source's clock and the broker's is the oscillator's drift (:data:`DRIFT_PPM`).
+
+    The caller reads the pair (:meth:`check`) at each instant it stamps rows and at each
+    send: a batch's exchanges are widened over the settings its rows were stamped on
+    (:meth:`for_batch`), so two steps between two sends, or a slew while the rows were
+    gathered, leave every row inside."""
 
     keep_ns: int = 60_000_000_000
     newest: int = 3
-    _items: list[tuple[Exchange, int]] | None = None  # (exchange, wall - monotonic at ack)
-    _skew: int | None = None  # wall - monotonic at the last check
-    # per source of the batches: the setting its last batch was given exchanges on
-    _batch_skews: dict[str, int] = field(default_factory=dict)
+    # (exchange, setting its send was read on, setting its ack was read on)
+    _items: list[tuple[Exchange, int, int]] | None = None
+    _skew: int | None = None  # wall - raw at the last check
+    _raw: int | None = None  # raw reading of the last check
+    # the settings read lately: (raw reading, wall - raw)
+    _checks: deque[tuple[int, int]] = field(default_factory=lambda: deque(maxlen=4096))
+    # per source of the batches: the raw reading when its last batch was given exchanges
+    _batch_at: dict[str, int] = field(default_factory=dict)
+    # what the last :meth:`for_batch` widened by: the lowest and highest setting of its rows
+    # less the setting of its send (<= 0, >= 0), carried in the clock block as ``stamps_ns``
+    last_stamps: tuple[int, int] = (0, 0)
 
-    def add(self, exchange: Exchange, mono_sent_ns: int, mono_ack_ns: int) -> bool:
+    def add(self, exchange: Exchange, raw_sent_ns: int, raw_ack_ns: int) -> bool:
         """Keep ``exchange`` (its wall readings ``sent_ns``/``ack_ns`` were taken with the
-        monotonic readings given); False when it straddles a step and is left out."""
-        skew = exchange.ack_ns - mono_ack_ns
-        if abs(skew - (exchange.sent_ns - mono_sent_ns)) > STEP_TOL_NS:
-            return False
-        horizon = mono_ack_ns - self.keep_ns  # on the monotonic clock: steps move no age
-        items = [it for it in self._items or [] if it[0].ack_ns - it[1] >= horizon]
-        items.append((exchange, skew))
+        raw monotonic readings given). An exchange during which the setting moved (a slew,
+        a step) is kept with both settings: it is carried widened over them. Always True."""
+        k_sent = exchange.sent_ns - raw_sent_ns
+        k_ack = exchange.ack_ns - raw_ack_ns
+        horizon = raw_ack_ns - self.keep_ns  # on the raw clock: steps move no age
+        items = [it for it in self._items or [] if it[0].ack_ns - it[2] >= horizon]
+        items.append((exchange, k_sent, k_ack))
         self._items = items[-256:]
         return True
 
-    def check(self, wall_ns: int, mono_ns: int) -> None:
-        """The wall clock's setting now (``wall - monotonic``): what :meth:`carried` maps
-        the exchanges onto when given no setting of its own."""
-        self._skew = wall_ns - mono_ns
+    def check(self, wall_ns: int, raw_ns: int) -> None:
+        """The wall clock's setting now (``wall - raw``): call it at each stamp of rows and
+        before each send; :meth:`carried` maps the exchanges onto the last one when given
+        no setting of its own."""
+        self._skew = wall_ns - raw_ns
+        self._raw = raw_ns
+        self._checks.append((raw_ns, self._skew))
+
+    def stamps_since(self, source: str) -> tuple[int, int] | None:
+        """The lowest and highest setting read since ``source``'s last batch (its rows
+        were stamped on settings among them); None before any check."""
+        if not self._checks:
+            return None
+        since = self._batch_at.get(source)
+        seen = [k for raw, k in self._checks if since is None or raw >= since]
+        if not seen:
+            seen = [self._checks[-1][1]]
+        return min(seen), max(seen)
 
     def for_batch(
-        self, source: str, partition: int | None = None, skew: int | None = None
+        self,
+        source: str,
+        partition: int | None = None,
+        skew: int | None = None,
+        stamps: tuple[int, int] | None = None,
     ) -> list[Exchange]:
-        """What the next batch of ``source`` carries (:meth:`carried`); its first batch
-        after a step of the wall clock (its rows stamped on either setting: the step came
-        since its batch before) carries them widened over both settings, the new and the
-        one before, so every row of it is inside, however wide."""
+        """What the next batch of ``source`` carries (:meth:`carried`, on the setting
+        ``skew`` of its send), widened over ``stamps``: the lowest and highest setting its
+        rows were stamped on (None: those read by :meth:`check` since its last batch). A
+        row stamped on setting ``k`` has the offset at the send moved by ``k - skew``, so
+        every row of the batch is inside, however the clock was stepped or slewed between
+        its stamps."""
         skew = self._skew if skew is None else skew
         out = self.carried(partition, skew)
+        self.last_stamps = (0, 0)
         if skew is None:
             return out
-        before = self._batch_skews.get(source)
-        self._batch_skews[source] = skew
-        if before is None or abs(skew - before) <= STEP_TOL_NS:
+        if stamps is None:
+            stamps = self.stamps_since(source)
+        if self._raw is not None:
+            self._batch_at[source] = self._raw
+        lo = min(0, stamps[0] - skew) if stamps is not None else 0
+        hi = max(0, stamps[1] - skew) if stamps is not None else 0
+        self.last_stamps = (lo, hi)
+        if not lo and not hi:
             return out
-        step = skew - before  # the earlier setting: every exchange moved back by the step
-        lo, hi = min(0, -step), max(0, -step)
+        # a row's distance from the exchanges, read on its own setting, is off by as much:
+        # the drift over that difference too
+        far = _widen(hi - lo, DRIFT_PPM) - STEP_TOL_NS
+        lo, hi = lo - far, hi + far
         return [Exchange(e.sent_ns + lo, e.append_ms, e.ack_ns + hi, e.partition) for e in out]
 
     def carried(self, partition: int | None = None, skew: int | None = None) -> list[Exchange]:
         """What a batch carries: on ``partition`` (None: the newest exchange's), the
         newest ``newest`` exchanges and the tightest of the rest, at most :data:`CARRIED`,
-        each on the setting ``skew`` of the wall clock (``wall - monotonic`` when the
-        batch's rows were stamped; None: at the last :meth:`check`, else as taken)."""
+        each on the setting ``skew`` of the wall clock (``wall - raw`` when the batch was
+        sent; None: at the last :meth:`check`, else as taken)."""
         if not self._items:
             return []
         skew = self._skew if skew is None else skew
-        items = [_on_setting(e, k, skew) for e, k in self._items]
+        items = [_on_setting(e, k0, k1, skew) for e, k0, k1 in self._items]
         part = items[-1].partition if partition is None else partition
         mine = [e for e in items if e.partition == part]
         recent = mine[-self.newest :]
@@ -196,10 +251,10 @@ class ExchangeLog:
         return sorted(extra + recent, key=lambda e: e.sent_ns)
 
 
-def _on_setting(e: Exchange, taken: int, skew: int | None) -> Exchange:
-    """``e``, taken with the wall clock at ``wall - monotonic = taken``, as its wall
-    readings would be on the setting ``skew`` (None or within :data:`STEP_TOL_NS`: as is)."""
-    if skew is None or abs(skew - taken) <= STEP_TOL_NS:
+def _on_setting(e: Exchange, k_sent: int, k_ack: int, skew: int | None) -> Exchange:
+    """``e``, whose send was read on the setting ``k_sent`` and its ack on ``k_ack``, as its
+    interval reads on the setting ``skew`` (None: as is). Exact whatever the wall clock did
+    in between: the raw readings ``S - k_sent`` and ``R - k_ack`` bracket the append."""
+    if skew is None:
         return e
-    step = skew - taken
-    return Exchange(e.sent_ns + step, e.append_ms, e.ack_ns + step, e.partition)
+    return Exchange(e.sent_ns + skew - k_sent, e.append_ms, e.ack_ns + skew - k_ack, e.partition)

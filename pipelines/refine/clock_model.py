@@ -14,7 +14,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipelines._arrow import Array
-from pipelines.refine.clock_bounds import DRIFT_PPM, drift_rate, exchanges_of, hard_interval
+from pipelines.refine.clock_bounds import (
+    DRIFT_PPM,
+    drift_rate,
+    exchanges_of,
+    hard_interval,
+    own_floor,
+)
 from schemas.wire import ClockBlock
 
 
@@ -30,6 +36,10 @@ class ClockSettings:
     # read as a trend in the delays, not as drift; the error bound then widens (see the
     # docstring of pipelines.refine.clock).
     plausible_drift_ppm: float = 200.0
+    # The drift of a source's oscillator against the broker's clock that exchanges are
+    # widened by (pipelines.refine.clock_bounds.DRIFT_PPM): its time daemon's steps and slews
+    # are carried by the exporter, so only the oscillator is left.
+    exchange_drift_ppm: float = DRIFT_PPM
     step_threshold_ns: int = 10_000_000
     step_confirm: int = 3
     # Until min_fit_points points exist (at start and after a step) nothing bounds the delay
@@ -91,7 +101,11 @@ UNKNOWN = ClockEstimate(0, 0, 0.0, 2**62, 0, False)
 
 
 def bounded(
-    est: ClockEstimate, x: int, clock: ClockBlock | None, drift_ppm: float = DRIFT_PPM
+    est: ClockEstimate,
+    x: int,
+    clock: ClockBlock | None,
+    drift_ppm: float = DRIFT_PPM,
+    append: tuple[int, int] | None = None,
 ) -> ClockEstimate:
     """``est`` held to the hard interval ``[lo, hi]`` the clock block's exchanges give at
     source time ``x`` (:func:`pipelines.refine.clock_bounds.hard_interval`).
@@ -100,13 +114,26 @@ def bounded(
     error`` is narrower and meets it, the middle of the two's intersection: the model
     tightens the point, never the bound. The bound is the offset's distance to the hard
     interval's farther end, growing by ``|drift| + drift_ppm`` per ns away from ``x``.
-    ``est`` as it is without exchanges."""
+    ``est`` as it is without exchanges.
+
+    ``append``: ``(append time ns, partition)`` of the batch's own record. When it is on the
+    exchanges' partition, the bound reaches down to :func:`own_floor` too (less the rows'
+    ``stamps_ns``), where that is lower: a machine paused since the exchanges (its clocks
+    stood still) lies below them, never below its own record's floor. The point stays where
+    the exchanges put it."""
     if clock is None or not clock.exchanges:
         return est
-    hard = hard_interval(exchanges_of(clock.exchanges), x, drift_ppm)
+    exchanges = exchanges_of(clock.exchanges)
+    hard = hard_interval(exchanges, x, drift_ppm)
     if hard is None:
         return est
     lo, hi, _ = hard
+    floor = lo
+    if append is not None and exchanges:
+        newest = max(exchanges, key=lambda e: e.sent_ns)
+        if newest.partition == append[1]:
+            below = min(0, clock.stamps_ns[0]) if clock.stamps_ns else 0
+            floor = min(lo, own_floor(x, append[0]) + below)
     a, b = lo, hi
     if est is not UNKNOWN and 2 * est.error_ns < hi - lo:
         m = est.offset_at(x)
@@ -121,7 +148,7 @@ def bounded(
         anchor_ns=x,
         drift_ppm=drift,
         # +1: the offset applied to a row is rounded to the ns
-        error_ns=max(offset - lo, hi - offset) + 1,
+        error_ns=max(offset - floor, hi - offset) + 1,
         widened=None,
         basis="exchange",
         error_rate=abs(drift) * 1e-6 + drift_rate(drift_ppm),

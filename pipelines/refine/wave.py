@@ -179,7 +179,7 @@ def _observe(
                 if clock is None:
                     clock = state.clocks[src.stream_key()] = ClockEstimator(settings.clock)
                 arrival = item.log_append_ns if item.log_append else None
-                est = clock.observe(env.sent_ns, arrival, env.clock)
+                est = clock.observe(env.sent_ns, arrival, env.clock, item.position[0])
                 live.append(_Member(i, item, seq_outcome, est, n))
             i += 1
         if live:

@@ -127,7 +127,7 @@ def cmd_export_node(args: argparse.Namespace, settings: RefinerySettings) -> int
             if facts is not None and scrapes % max(1, args.facts_every) == 0:
                 _publish_facts(facts, settings, args.topology_topic)
             scrapes += 1
-            table = collector.scrape()
+            table = collector.scrape(producer.stamp() if producer is not None else None)
             env = collector.envelope(source, sent_ns=time.time_ns(), interval_ns=interval_ns)
             if producer is None:
                 _, body = encode(env, table, JSON)

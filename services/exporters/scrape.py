@@ -130,10 +130,11 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 def _scrape_once(targets: list[Target], args: argparse.Namespace, producer: Any) -> None:
     for t in targets:
-        start = time.time_ns()
+        stamp = time.time_ns if producer is None else producer.stamp
+        start = stamp()
         try:
             body, ctype = fetch(t.url, args.timeout)
-            mid = (start + time.time_ns()) // 2
+            mid = (start + stamp()) // 2
             env, table = scrape_batch(t, body, ctype, mid, args.all)
         except (OSError, urllib.error.URLError, RejectedInput) as e:
             print(f"refinery export scrape: {t.url}: {e}", file=sys.stderr)

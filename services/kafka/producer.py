@@ -103,16 +103,25 @@ def initial_seq() -> int:
     return time.time_ns() // 1_000
 
 
+def _raw_ns() -> int:
+    """The raw monotonic clock (``CLOCK_MONOTONIC_RAW``: the oscillator, never stepped nor
+    slewed by a time daemon); the monotonic clock where the platform has none."""
+    return time.clock_gettime_ns(_RAW)
+
+
+_RAW = getattr(time, "CLOCK_MONOTONIC_RAW", time.CLOCK_MONOTONIC)
+
+
 def clock_pair(tries: int = 4) -> tuple[int, int]:
-    """(wall, monotonic) ns read together. Of a few tries, the wall reading whose monotonic
+    """(wall, raw monotonic) ns read together. Of a few tries, the wall reading whose raw
     readings either side are closest, with their midpoint: a process preempted between two
-    reads (a loaded host) must not look like a step of its wall clock, which would void its
-    exchanges (``ExchangeLog`` tolerates 50 µs)."""
+    reads (a loaded host) must not look like a step of its wall clock (``ExchangeLog``
+    tolerates 50 µs)."""
     best = (0, 0, 0)
     for i in range(tries):
-        m0 = time.monotonic_ns()
+        m0 = _raw_ns()
         wall = time.time_ns()
-        m1 = time.monotonic_ns()
+        m1 = _raw_ns()
         if i == 0 or m1 - m0 < best[0]:
             best = (m1 - m0, wall, (m0 + m1) // 2)
         if m1 - m0 < 5_000:
@@ -219,8 +228,18 @@ class BatchProducer:
         if not carried:
             return envelope
         clock = envelope.clock or ClockBlock(source="none")
-        clock = clock.model_copy(update={"exchanges": [tuple(e.as_list()) for e in carried]})
-        return envelope.model_copy(update={"clock": clock})
+        update: dict[str, Any] = {"exchanges": [tuple(e.as_list()) for e in carried]}
+        if self.exchanges.last_stamps != (0, 0):
+            update["stamps_ns"] = self.exchanges.last_stamps
+        return envelope.model_copy(update={"clock": clock.model_copy(update=update)})
+
+    def stamp(self) -> int:
+        """The wall clock now (ns), to stamp rows with: the setting it was read on is noted,
+        so the batch that carries them is bounded over every setting its rows had (a step
+        or a slew of the time daemon between stamps; see ``ExchangeLog``)."""
+        wall, raw = clock_pair()
+        self.exchanges.check(wall, raw)
+        return wall
 
     def send_encoded(
         self,

@@ -72,7 +72,7 @@ def test_a_batch_without_rows_is_refined_and_its_exchange_bounds_the_next() -> N
     data = batch([ctr(100, NOW + S + ahead)], 1, sent=NOW + S + ahead,
                  clock=ClockBlock(source="none", exchanges=[ex]))  # fmt: skip
     outs = _refiner().process_group(
-        [record(0, hello, append_ms), record(1, data, append_ms + 1_000 + 40)], NOW + 10 * S
+        [record(0, hello, append_ms), record(1, data, append_ms + 1_000)], NOW + 10 * S
     )
     assert [o.outcome for o in outs] == ["refined", "refined"]
     assert not [m for o in outs for m in o.messages if m.topic == "telemetry.deadletter"]
