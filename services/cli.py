@@ -11,8 +11,10 @@ import argparse
 import importlib
 import json
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from pydantic import ValidationError
@@ -21,7 +23,7 @@ from schemas.errors import BrokerError, ConfigError, RefineryError
 from services.heap import keep_arrow_pages
 from services.settings import RefinerySettings, load_settings
 
-# Modules that contribute sub-commands through ``add_parser(subparsers)``.
+# The product's modules that contribute sub-commands through ``add_parser(subparsers)``.
 COMMAND_MODULES: tuple[str, ...] = (
     "services.exporters.node_cli",
     "services.exporters.firmware_cli",
@@ -30,16 +32,15 @@ COMMAND_MODULES: tuple[str, ...] = (
     "services.catalog_cli",
     "services.topology.cli",
     "services.worker.cli",
-    "lab.simulate.cli",
     "services.lake.cli",
     "services.alerts.cli",
     "services.detect.cli",
     "services.security.cli",
     "services.report.cli",
-    "lab.demo.cli",
-    "lab.bench.cli",
-    "lab.verify.cli",
 )
+# More command modules, each offering ``add_parser(subparsers)``, named by installed packages:
+# the lab's (broker, simulate, demo, bench, verify) in a development install.
+COMMAND_GROUP = "refinery.commands"
 
 Handler = Callable[[argparse.Namespace, RefinerySettings], int]
 
@@ -54,60 +55,6 @@ class _Parser(argparse.ArgumentParser):
 def _print_json(obj: object) -> None:
     json.dump(obj, sys.stdout, indent=2, default=str)
     sys.stdout.write("\n")
-
-
-# --- broker ------------------------------------------------------------------------------
-
-
-def _local_kafka(args: argparse.Namespace, settings: RefinerySettings) -> Any:
-    from lab.broker import LocalKafka
-
-    data_dir = Path(args.data_dir) if args.data_dir else settings.home / "broker"
-    return LocalKafka(data_dir, version=settings.kafka_version)
-
-
-def cmd_broker_start(args: argparse.Namespace, settings: RefinerySettings) -> int:
-    import time
-
-    k = _local_kafka(args, settings)
-    t0 = time.monotonic()
-    state = k.start(
-        nodes=args.nodes, base_port=args.port, progress=not args.json, secure=args.secure
-    )
-    took = time.monotonic() - t0
-    if args.json:
-        _print_json({**k.status(), "start_seconds": round(took, 2)})
-    else:
-        print(
-            f"broker ready in {took:.1f}s: {len(state.nodes)} node(s), data in {k.data_dir}",
-            file=sys.stderr,
-        )
-        print(state.bootstrap)
-        print(f"  export REFINERY_BOOTSTRAP_SERVERS={state.bootstrap}", file=sys.stderr)
-        if state.secure:  # a path, never a password
-            env = k.security().client_env("admin")
-            print(f"  SASL_SSL; admin credentials: set -a; . {env}; set +a", file=sys.stderr)
-    return 0
-
-
-def cmd_broker_stop(args: argparse.Namespace, settings: RefinerySettings) -> int:
-    n = _local_kafka(args, settings).stop()
-    print(f"stopped {n} broker process(es)" if n else "no broker running", file=sys.stderr)
-    return 0
-
-
-def cmd_broker_status(args: argparse.Namespace, settings: RefinerySettings) -> int:
-    st = _local_kafka(args, settings).status()
-    if args.json:
-        _print_json(st)
-    elif not st["running"]:
-        print(f"not running (data dir {st['data_dir']})")
-    else:
-        print(
-            f"{'ready' if st['ready'] else 'starting'}: {st['bootstrap_servers']} "
-            f"({st['nodes_alive']}/{st['nodes']} nodes alive)"
-        )
-    return 0 if st["running"] else 3
 
 
 # --- topics ------------------------------------------------------------------------------
@@ -148,32 +95,6 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
 
-    b = sub.add_parser("broker", help="run a local Apache Kafka (KRaft) on 127.0.0.1")
-    bsub = b.add_subparsers(dest="action", metavar="ACTION", parser_class=_Parser)
-    bsub.required = True
-    for name, fn, hlp in (
-        ("start", cmd_broker_start, "resolve jars, format storage, start, wait until ready"),
-        ("stop", cmd_broker_stop, "graceful stop (SIGTERM, wait); idempotent"),
-        ("status", cmd_broker_status, "pid, ports, nodes, readiness (exit 3 when down)"),
-    ):
-        sp = bsub.add_parser(name, help=hlp)
-        sp.add_argument("--data-dir", help="broker state (default $REFINERY_HOME/broker)")
-        sp.add_argument("--json", action="store_true", help="machine-readable output")
-        if name == "start":
-            sp.add_argument("--nodes", type=int, choices=(1, 3), default=1)
-            sp.add_argument(
-                "--port",
-                type=int,
-                default=9092,
-                help="first port; nodes use consecutive pairs (0: free ports)",
-            )
-            sp.add_argument(
-                "--secure",
-                action="store_true",
-                help="TLS, SCRAM-SHA-512 and mutual-TLS clients, ACLs enforced",
-            )
-        sp.set_defaults(handler=fn)
-
     t = sub.add_parser("topics", help="topic specs as data (deploy/topics.yaml)")
     tsub = t.add_subparsers(dest="action", metavar="ACTION", parser_class=_Parser)
     tsub.required = True
@@ -187,9 +108,27 @@ def build_parser() -> argparse.ArgumentParser:
     tl.add_argument("--json", action="store_true")
     tl.set_defaults(handler=cmd_topics_list)
 
-    for mod in COMMAND_MODULES:
-        importlib.import_module(mod).add_parser(sub)
+    for mod in command_modules():
+        mod.add_parser(sub)
     return p
+
+
+def command_modules(offered: Iterable[EntryPoint] | None = None) -> list[ModuleType]:
+    """The modules of COMMAND_MODULES, then those of the entry points ``offered`` (default:
+    the installed COMMAND_GROUP), by name. An entry point whose own module is not installed
+    is skipped: pyproject.toml names the lab's modules, which the product image leaves out.
+    Any other import error (a module that is there but fails to import, or imports something
+    missing) propagates."""
+    if offered is None:
+        offered = entry_points(group=COMMAND_GROUP)
+    mods = [importlib.import_module(name) for name in COMMAND_MODULES]
+    for ep in sorted(offered, key=lambda ep: ep.name):
+        try:
+            mods.append(importlib.import_module(ep.module))
+        except ModuleNotFoundError as e:
+            if e.name is None or not (ep.module == e.name or ep.module.startswith(e.name + ".")):
+                raise  # not the entry point's module (nor a package of it) that is missing
+    return mods
 
 
 def one_line(e: ValidationError) -> str:

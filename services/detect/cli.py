@@ -57,11 +57,14 @@ def add_parser(sub: Any) -> None:
 
 def run(args: argparse.Namespace, settings: RefinerySettings) -> int:
     from schemas.catalog import default_catalog
+    from services.cli_ports import require_free_port
     from services.detect.core import DetectTopics
     from services.detect.detector import DEFAULT_RULES, Detector
     from services.kafka.log import require_cluster
     from services.telemetry import ServiceTelemetry
 
+    if args.web_port:  # taken: one line, exit 2, before Faust binds it in a traceback
+        require_free_port(args.web_host, args.web_port)
     require_cluster(settings.kafka().librdkafka())  # first contact: one line, exit 1
     logging.basicConfig(
         level=args.loglevel.upper(),

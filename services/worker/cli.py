@@ -178,6 +178,7 @@ def _shape(conf: dict[str, Any], topic: str, default: tuple[int, int]) -> tuple[
 def run(args: argparse.Namespace, settings: RefinerySettings) -> int:
     from pipelines.refine.batch import RefineSettings
     from pipelines.refine.clock import ClockSettings
+    from services.cli_ports import require_free_port
     from services.kafka.group import run_worker
     from services.kafka.log import require_cluster
     from services.telemetry import ServiceTelemetry
@@ -185,6 +186,8 @@ def run(args: argparse.Namespace, settings: RefinerySettings) -> int:
     from services.worker.preflight import check_partitions
     from services.worker.refiner import OutputTopics
 
+    if args.web_port:  # taken: one line, exit 2, before Faust binds it in a traceback
+        require_free_port(args.web_host, args.web_port)
     require_cluster(settings.kafka().librdkafka())  # first contact: one line, exit 1
     _use_uvloop()
 

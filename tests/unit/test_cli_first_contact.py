@@ -5,6 +5,7 @@ and none of librdkafka's own lines. A lake path with no lake says so."""
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -12,6 +13,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+
+from schemas.errors import ConfigError
+from services.cli_ports import require_free_port
 
 REPO = Path(__file__).resolve().parents[2]
 WRONG = "127.0.0.1:1"  # nothing listens on port 1: connection refused
@@ -38,7 +42,7 @@ COMMANDS = {
     "jobs": ["jobs", "publish", "jobs.json"],
     "export-node": ["export", "node", "--once", "--no-gpu", "--no-clock"],
     "export-firmware": ["export", "firmware", "--kmsg", "/dev/null", "--once"],
-    "worker": ["worker", "--app-id", "first-contact"],
+    "worker": ["worker", "--app-id", "first-contact", "--web-port", "0"],
     "detect": ["detect", "--group", "first-contact"],
     "land": ["land", "--once-idle", "5"],
     "alerts": ["alerts", "tail"],
@@ -66,6 +70,32 @@ def test_every_command_says_in_one_line_that_the_cluster_cannot_be_used(tmp_path
         assert took < 60, (name, took)
     # nothing was left behind in the empty directory but the worker's and detect's state
     assert not (tmp_path / "lake").exists()
+
+
+def test_a_web_port_in_use_is_one_line_naming_the_port_and_the_flag(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        env = {"REFINERY_BOOTSTRAP_SERVERS": WRONG}  # the port is checked first: no broker
+        argvs = {
+            "worker": ["worker", "--web-port", str(port)],
+            "detect": ["detect", "--web-port", str(port)],
+        }
+        with ThreadPoolExecutor(len(argvs)) as pool:
+            runs = {n: pool.submit(cli, a, tmp_path, **env) for n, a in argvs.items()}
+            results = {n: f.result() for n, f in runs.items()}
+        for name, (rc, out, err, _) in results.items():
+            assert rc == 2 and out == "", (name, rc, err[-1500:])
+            assert err == (
+                f"refinery: error: port 127.0.0.1:{port} is already in use: "
+                "choose another with --web-port (0: off)\n"
+            ), name
+        with pytest.raises(ConfigError, match=f"127.0.0.1:{port} is already in use"):
+            require_free_port("127.0.0.1", port)
+    require_free_port("127.0.0.1", port)  # closed: free again
+    with pytest.raises(ConfigError, match=r"192\.0\.2\.1 is no address of this host \(--web-host"):
+        require_free_port("192.0.2.1", port)  # TEST-NET-1, never a local address
 
 
 def test_sql_on_a_path_with_no_lake_says_so(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ import yaml
 
 from services.cli import build_parser
 from services.topics import load_topic_specs
+from tests.integration.test_image_install import image_copies
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 
@@ -272,3 +273,12 @@ def test_the_image_gives_its_non_root_user_a_writable_state_directory() -> None:
     text = (DEPLOY / "Dockerfile").read_text()
     assert "USER 65534:65534" in text and "ENV REFINERY_HOME=/var/lib/refinery" in text
     assert "install -d -o 65534 -g 65534" in text and "WORKDIR /var/lib/refinery" in text
+
+
+def test_the_image_copies_the_product_and_not_the_lab() -> None:
+    """What the image installs, read from its COPY lines; that it runs is
+    tests/integration/test_image_install.py (the files installed alone, every --help)."""
+    copied = {Path(src).parts[0] for sources, _, _ in image_copies() for src in sources}
+    assert {"pyproject.toml", "README.md", "schemas", "pipelines", "services"} <= copied
+    assert "lab" not in copied and "tests" not in copied
+    assert all((DEPLOY.parent / name).exists() for name in copied), copied
