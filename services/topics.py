@@ -15,12 +15,14 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from pipelines.detect.rule_config import DurationNs
 from schemas.errors import ConfigError
 from schemas.ingest import Format
 from schemas.topics import TOPICS, Topics
+from services.data_files import data_path
 from services.kafka.log import cluster_metadata
 
-DEFAULT_SPEC = Path(__file__).resolve().parent.parent / "deploy" / "topics.yaml"
+DEFAULT_SPEC = data_path("deploy", "topics.yaml")
 
 
 class TopicSpec(BaseModel):
@@ -35,6 +37,9 @@ class TopicSpec(BaseModel):
     # what its records are (schemas.ingest.Format): refinery (native, by content-type) or
     # a foreign format a site's producers send without headers (otlp, influx, ...)
     format: Format = Format.REFINERY
+    # a foreign format's producer: the most a row waits between its stamp and its append
+    # (docs/clock.md, "declared"); empty: the format's usual (services.worker.cli)
+    send_delay: DurationNs | None = None
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ watermarks by stream key (``node|exporter|instance``), overlap by node.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,6 +53,9 @@ class RefineSettings:
     clock_alert_ns: int = 1_000_000_000
     lateness_ns: int = 60_000_000_000  # behind the source's watermark by more → late
     seq_window: int = 4096
+    # per ingest topic: the most a row waits between its stamp and its append, as declared
+    # for its producer (deploy/topics.yaml ``send_delay``; ClockEstimator._declared)
+    send_delay_max_ns: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass

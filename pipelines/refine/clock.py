@@ -71,6 +71,7 @@ State is bounded: ``window`` points plus a few step candidates.
 from __future__ import annotations
 
 import itertools
+import math
 import struct
 from collections import deque
 from dataclasses import dataclass, field, replace
@@ -79,7 +80,7 @@ from typing import Any
 import numpy as np
 
 from pipelines.refine._packed import PackedRows
-from pipelines.refine.clock_bounds import exchanges_of, hard_interval
+from pipelines.refine.clock_bounds import MS, STEP_TOL_NS, drift_rate, exchanges_of, hard_interval
 from pipelines.refine.clock_hull import (
     BENDS,
     SCATTER_EVERY,
@@ -113,6 +114,8 @@ __all__ = [
 ]
 
 _EXCESS_KEPT = 32
+# how many of a source's last points bound a declared send delay (:meth:`_declared`)
+_DECLARED_POINTS = 32
 
 
 @dataclass
@@ -160,18 +163,23 @@ class ClockEstimator:
         arrival_ns: int | None,
         clock: ClockBlock | None = None,
         partition: int | None = None,
+        send_delay_max_ns: int | None = None,
     ) -> ClockEstimate:
         """Add one (source send time, broker append time) pair; returns the new estimate,
         bounded by the clock block's exchanges when it carries any (see :func:`bounded`).
         ``arrival_ns`` None: the record's timestamp is no append time (a CreateTime topic);
         it adds no point. ``partition``: the record's (its append time then also bounds the
-        offset from below, see :func:`bounded`). O(window) Python work per call, once per
-        batch."""
+        offset from below, see :func:`bounded`). ``send_delay_max_ns``: the most a row of
+        this source waits between its stamp and its append, as declared for its topic (a
+        producer without exchanges: see :meth:`_declared`). O(window) Python work per call,
+        once per batch."""
         drift = self.settings.exchange_drift_ppm
         if arrival_ns is None:
             est = bounded(self.last, int(sent_ns), clock, drift)
             return est if est.basis == "exchange" else replace(est, basis="create_time")
         self.last = self._observe(sent_ns, arrival_ns, clock)
+        if send_delay_max_ns is not None and (clock is None or not clock.exchanges):
+            return self._declared(int(sent_ns), send_delay_max_ns)
         append = (int(arrival_ns), partition) if partition is not None else None
         est = bounded(self.last, int(sent_ns), clock, drift, append)
         if est.basis == "exchange" and clock is not None and clock.exchanges:
@@ -179,6 +187,44 @@ class ClockEstimator:
         elif self.excess:
             est = replace(est, error_ns=est.error_ns + max(self.excess))
         return est
+
+    def _declared(self, x: int, delay_max_ns: int) -> ClockEstimate:
+        """The estimate of a producer without exchanges whose rows wait at most
+        ``delay_max_ns`` between their stamp and their append (declared per topic: Telegraf
+        stamps at collection and sends at its flush, seconds later; the Collector's batch
+        processor holds rows for up to 200 ms). Each of the last points (``S``, ``S - A``)
+        bounds the offset to ``[S - A - 1 ms, S - A + delay_max]``, widened by the drift
+        since; they are intersected newest first. Where one does not meet the newer ones
+        (a step of the source's clock, or a flush of rows older than declared: without
+        exchanges the two look alike), the bound spans both. The point is the model's,
+        held inside; the bound reaches the interval's farther end (``basis`` "declared")."""
+        rate = drift_rate(self.settings.exchange_drift_ppm)
+        runs: list[tuple[int, int]] = []
+        lo, hi = -(2**62), 2**62
+        for px, py in reversed(list(self.points)[-_DECLARED_POINTS:]):
+            w = STEP_TOL_NS + math.ceil(rate * abs(x - px))
+            a, b = py - MS - w, py + delay_max_ns + w
+            if a > hi or b < lo:
+                runs.append((lo, hi))
+                if len(runs) == 2:
+                    break
+                lo, hi = a, b
+            else:
+                lo, hi = max(lo, a), min(hi, b)
+        runs.append((lo, hi))
+        lo, hi = min(r[0] for r in runs[:2]), max(r[1] for r in runs[:2])
+        model = self.last.offset_at(x) if self.last is not UNKNOWN else (lo + hi) // 2
+        offset = min(max(model, lo), hi)
+        return replace(
+            self.last,
+            offset_ns=offset,
+            anchor_ns=x,
+            drift_ppm=0.0,
+            error_ns=max(offset - lo, hi - offset) + 1,
+            widened=None,
+            basis="declared",
+            error_rate=rate,
+        )
 
     def _calibrate(self, x: int, clock: ClockBlock) -> None:
         """Keep how far the model's offset at ``x`` may lie beyond its bound: its distance

@@ -66,7 +66,9 @@ class ClockEstimate:
     # "step_down" (a step down that may be a delay episode); None: not widened so
     widened: str | None = None
     # what the bound rests on: "exchange" (the source's exchanges with the broker: holds by
-    # construction, see pipelines.refine.clock_bounds), "assumed" (the minimum-delay model above),
+    # construction, see pipelines.refine.clock_bounds), "declared" (a producer without
+    # exchanges whose topic declares the most its rows wait before their append: holds while
+    # that does), "assumed" (the minimum-delay model above),
     # "create_time" (the record carried no broker append time and the source no exchanges:
     # the last estimate, not moved by this record)
     basis: str = "assumed"

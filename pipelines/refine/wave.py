@@ -179,7 +179,8 @@ def _observe(
                 if clock is None:
                     clock = state.clocks[src.stream_key()] = ClockEstimator(settings.clock)
                 arrival = item.log_append_ns if item.log_append else None
-                est = clock.observe(env.sent_ns, arrival, env.clock, item.position[0])
+                delay = settings.send_delay_max_ns.get(item.topic) if item.topic else None
+                est = clock.observe(env.sent_ns, arrival, env.clock, item.position[0], delay)
                 live.append(_Member(i, item, seq_outcome, est, n))
             i += 1
         if live:

@@ -32,8 +32,9 @@ from pipelines.detect.stragglers import PathLookup, StragglerDetector
 from schemas.catalog import Catalog
 from schemas.records import Alert, Episode, JobPlacement
 from schemas.topics import TOPICS
+from services.data_files import data_path
 
-DEFAULT_RULES = Path(__file__).resolve().parents[2] / "deploy" / "rules" / "default.yaml"
+DEFAULT_RULES = data_path("deploy", "rules", "default.yaml")
 FIRST_DATA_NS = 120_000_000_000  # how long held collectives wait for the first refined data
 # how long held collectives wait while refined data has stopped with none left to read: a
 # worker killed and started again (Faust's start, its state's recovery) takes tens of seconds

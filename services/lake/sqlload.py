@@ -28,9 +28,10 @@ from pathlib import Path
 
 import duckdb
 
+from services.data_files import data_path
 from services.lake.layout import LakeError
 
-SQL_DIR = Path(__file__).resolve().parents[2] / "sql"
+SQL_DIR = data_path("sql")
 _PARAM_RE = re.compile(r"^--\s*param:\s*([A-Za-z_]\w*)\s*=\s*(.*?)\s*(?:\|\s*(.*))?$")
 
 

@@ -20,8 +20,9 @@ from typing import Any
 import yaml
 
 from schemas.errors import ConfigError, RefineryError
+from services.data_files import data_path
 
-DEFAULT_SPEC = Path(__file__).resolve().parents[2] / "deploy" / "acls.yaml"
+DEFAULT_SPEC = data_path("deploy", "acls.yaml")
 
 _KINDS = {
     "topics": ("TOPIC", "LITERAL"),

@@ -367,9 +367,7 @@ class Refiner:
         if clock is None:
             clock = self.state.clocks[stream] = ClockEstimator(self.settings.clock)
         arrival = rec.append_ms * 1_000_000 if self._log_append(rec) else None
-        est = clock.observe(
-            batch.envelope.sent_ns, arrival, batch.envelope.clock, rec.partition
-        )
+        est = clock.observe(batch.envelope.sent_ns, arrival, batch.envelope.clock, rec.partition)
         table = align_records(batch, est, position, rec.topic)
         topic = (
             self.topics.events

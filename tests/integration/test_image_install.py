@@ -1,7 +1,9 @@
 """The product image's files, installed alone, make a working `refinery`: the files that
 deploy/Dockerfile copies (read from its COPY lines, so this follows the Dockerfile) installed
 into a fresh virtual environment where the lab is not importable, then `refinery --help` and
-every product command's and sub-command's `--help`: exit 0, no traceback, no lab command.
+every product command's and sub-command's `--help`: exit 0, no traceback, no lab command;
+and the commands that read deploy/'s specs and sql/'s scripts find them in the installed
+package (setup.py's services/_data/), the copied tree deleted, output the same as here.
 
 Installing every dependency from the index would take minutes: the fresh environment sees the
 development environment's site-packages through a .pth file instead. A directory named in a
@@ -23,13 +25,18 @@ import subprocess
 import sys
 import sysconfig
 import tomllib
+from collections.abc import Iterator
+from dataclasses import dataclass
 from importlib.metadata import EntryPoint, PackageNotFoundError, entry_points, version
 from pathlib import Path
 
 import pytest
 from packaging.requirements import Requirement
 
+from pipelines.detect.rule_config import load_rules
+from schemas.catalog import default_catalog
 from services.cli import COMMAND_GROUP, COMMAND_MODULES, build_parser, command_modules
+from services.detect.detector import DEFAULT_RULES
 
 REPO = Path(__file__).resolve().parents[2]
 DOCKERFILE = REPO / "deploy" / "Dockerfile"
@@ -133,16 +140,28 @@ def _run(argv: list[str], cwd: Path, timeout: float = 120) -> subprocess.Complet
     )
 
 
-@pytest.mark.slow
-def test_the_image_files_alone_install_a_refinery_whose_commands_all_answer_help(
-    tmp_path: Path,
-) -> None:
+@dataclass(frozen=True)
+class ImageInstall:
+    python: Path  # the fresh environment's interpreter
+    purelib: str  # its site-packages
+    cwd: Path  # neither this checkout nor the copied tree
+
+    @property
+    def refinery(self) -> Path:
+        return self.python.parent / "refinery"
+
+
+@pytest.fixture(scope="module")
+def image_install(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ImageInstall]:
+    """The image's files installed (not editable) into a fresh environment, then deleted, so
+    that nothing but the installed package can be read."""
+    tmp_path = tmp_path_factory.mktemp("image-install")
     root = copy_image_files(tmp_path / "image")
     assert not (root / "lab").exists()
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", venv], check=True)
     python = venv / "bin" / "python"
-    elsewhere = tmp_path / "cwd"  # neither this checkout nor the copied tree
+    elsewhere = tmp_path / "cwd"
     elsewhere.mkdir()
     purelib = _run([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
                    elsewhere).stdout.strip()  # fmt: skip
@@ -154,8 +173,16 @@ def test_the_image_files_alone_install_a_refinery_whose_commands_all_answer_help
         pip.append("--no-build-isolation")
     p = _run([*pip, str(root)], elsewhere, timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
+    shutil.rmtree(tmp_path / "image")
+    yield ImageInstall(python, purelib, elsewhere)
 
-    p = _run([str(venv / "bin" / "refinery"), "--help"], elsewhere)
+
+@pytest.mark.slow
+def test_the_image_files_alone_install_a_refinery_whose_commands_all_answer_help(
+    image_install: ImageInstall, tmp_path: Path
+) -> None:
+    python, purelib, elsewhere = image_install.python, image_install.purelib, image_install.cwd
+    p = _run([str(image_install.refinery), "--help"], elsewhere)
     assert p.returncode == 0 and p.stderr == "", p.stderr[-3000:]
     assert p.stdout.startswith("usage: refinery")
 
@@ -179,6 +206,58 @@ def test_the_image_files_alone_install_a_refinery_whose_commands_all_answer_help
     assert lab and lab <= dev
     assert image == dev - lab
     assert any(" " in c for c in got["help"])
+
+
+DATA_PROBE = """
+import json
+from pipelines.detect.rule_config import load_rules
+from schemas.catalog import default_catalog
+from services.data_files import data_root
+from services.detect.detector import DEFAULT_RULES
+from services.lake.sqlload import SQL_DIR
+reads = [line.split(None, 1)[1].strip() for line in (SQL_DIR / "init.sql").read_text().splitlines()
+         if line.startswith(".read ")]
+print(json.dumps({
+    "root": str(data_root()),
+    "rules": [r.name for r in load_rules(DEFAULT_RULES, default_catalog())],
+    "reads": reads,
+    "unread": [r for r in reads if not (SQL_DIR.parent / r).is_file()],
+}))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["topics", "list"], ["telemetry.raw", "telemetry.alerts"]),
+        (["acls", "list"], ["User:refinery-alerts", "topic:telemetry.raw"]),
+        (["query", "--list"], ["stragglers(", "data_quality("]),
+    ],
+)
+def test_the_installed_image_lists_its_specs_and_queries_as_the_checkout_does(
+    image_install: ImageInstall, argv: list[str], expected: list[str]
+) -> None:
+    p = _run([str(image_install.refinery), *argv], image_install.cwd)
+    assert p.returncode == 0 and p.stderr == "", (argv, p.returncode, p.stderr[-3000:])
+    assert all(name in p.stdout for name in expected), (argv, p.stdout[:1000])
+    here = _run([str(Path(sys.executable).parent / "refinery"), *argv], image_install.cwd)
+    assert here.returncode == 0 and p.stdout == here.stdout, argv
+
+
+@pytest.mark.slow
+def test_the_installed_image_loads_the_default_rules_and_the_sql_views_from_the_package(
+    image_install: ImageInstall, tmp_path: Path
+) -> None:
+    probe = tmp_path / "data_probe.py"
+    probe.write_text(DATA_PROBE)
+    p = _run([str(image_install.python), "-I", str(probe)], image_install.cwd)
+    assert p.returncode == 0, p.stderr[-3000:]
+    got = json.loads(p.stdout)
+    assert got["root"] == str(Path(image_install.purelib, "services", "_data")), got["root"]
+    rules = [r.name for r in load_rules(DEFAULT_RULES, default_catalog())]
+    assert got["rules"] == rules and "gpu_thermal_throttle" in rules, got["rules"]
+    assert "sql/views/samples.sql" in got["reads"] and got["unread"] == [], got["unread"]
 
 
 def _top_level_commands() -> list[str]:

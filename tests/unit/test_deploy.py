@@ -280,5 +280,7 @@ def test_the_image_copies_the_product_and_not_the_lab() -> None:
     tests/integration/test_image_install.py (the files installed alone, every --help)."""
     copied = {Path(src).parts[0] for sources, _, _ in image_copies() for src in sources}
     assert {"pyproject.toml", "README.md", "schemas", "pipelines", "services"} <= copied
+    # setup.py builds deploy/'s specs and sql/'s scripts into the wheel (services/data_files.py)
+    assert {"setup.py", "deploy", "sql"} <= copied
     assert "lab" not in copied and "tests" not in copied
     assert all((DEPLOY.parent / name).exists() for name in copied), copied
