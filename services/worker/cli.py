@@ -150,6 +150,35 @@ def _ingest_topics(
     return tuple((n, f) for n, f in {**specs, **asked}.items() if n in asked or fits(n))
 
 
+# The most a row of a foreign format's usual producer waits between its stamp and its
+# append, when its topic declares none (deploy/topics.yaml ``send_delay``; docs/clock.md):
+# the Collector's batch processor holds rows up to 200 ms; Telegraf stamps at collection and
+# sends at its flush (flush_interval 10 s by default, plus flush_jitter); collectd's
+# write_kafka and a pushed exposition send as they read.
+SEND_DELAY_S = {
+    "otlp": 1.0,
+    "otlp_proto": 1.0,
+    "otlp_json": 1.0,
+    "influx": 12.0,
+    "prometheus": 1.0,
+    "collectd": 1.0,
+    "collectd_counters": 1.0,
+}
+
+
+def send_delays(ingest: tuple[tuple[str, str], ...], prefix: str = "") -> dict[str, int]:
+    """Per ingest topic, the most its rows wait before their append (ns): its spec's
+    ``send_delay``, else its format's usual (:data:`SEND_DELAY_S`)."""
+    from services.topics import load_topic_specs
+
+    declared = {s.name: s.send_delay for s in load_topic_specs(prefix=prefix)}
+    out = {}
+    for topic, fmt in ingest:
+        got = declared.get(topic)
+        out[topic] = got if got is not None else int(SEND_DELAY_S.get(fmt, 1.0) * 1e9)
+    return out
+
+
 def _use_uvloop() -> None:
     """uvloop's transports write large produce requests without asyncio's quadratic buffer
     copying (3.11 keeps unsent bytes in one bytearray and deletes from its front); the
@@ -229,6 +258,7 @@ def run(args: argparse.Namespace, settings: RefinerySettings) -> int:
                 delay_uncertainty_ns=int(args.clock_delay_uncertainty_ms * 1e6),
                 plausible_drift_ppm=args.clock_plausible_drift_ppm,
             ),
+            send_delay_max_ns=send_delays(inputs.ingest, pre),
         ),
     )
     check_partitions(conf, cfg.app_id, {"raw": inputs.raw, "events": inputs.events})

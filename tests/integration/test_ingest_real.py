@@ -105,6 +105,14 @@ LoadPlugin write_kafka
     return conf
 
 
+def _inside_their_bound(rows: list[dict[str, object]]) -> None:
+    """Every row of a producer on this host (the broker's clock: true offset 0) lies within
+    its stated bound: ``|ts - ts_source| <= clock_error_ns``."""
+    assert rows
+    out = [r for r in rows if abs(r["ts"] - r["ts_source"]) > r["clock_error_ns"]]  # type: ignore[operator]
+    assert not out, (len(out), len(rows), out[:2])
+
+
 @contextmanager
 def _running(cmd: list[str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
     with log.open("wb") as out:
@@ -169,6 +177,9 @@ def test_collectd_counters_and_rates_against_proc(kafka_bootstrap: str, tmp_path
     deltas = [r["delta"] for r in cpu + lo if r["delta"] is not None]
     assert deltas and min(deltas) >= 0  # type: ignore[type-var]
     assert not any(r["reset"] for r in cpu + lo)  # the restart reset nothing: never negative
+    # collectd and the broker share this host's clock: the true offset is 0, inside every
+    # row's bound (declared: collectd sends as it reads; docs/clock.md)
+    _inside_their_bound([r for r in rows if r["node"] in ("cd-counters", "cd-rates")])
     # StoreRates true: rates, never taken for counters
     rated = [r for r in rows if r["node"] == "cd-rates"]
     assert {"net.rx_bytes_rate", "cpu.user_percent"} <= {r["metric"] for r in rated}
@@ -223,6 +234,7 @@ def test_node_exporter_scraped_and_pushed_against_proc(
         assert lo_v <= r["raw"] <= hi_v  # type: ignore[operator]
     assert all(r["delta"] >= 0 for r in scraped if r["delta"] is not None)  # type: ignore[operator]
     assert all(r["exporter"] == "scrape" and r["clock_error_ns"] >= 0 for r in scraped)  # type: ignore[operator]
+    _inside_their_bound([r for r in rows if r["node"] in ("ne-scrape", "ne-kcat")])
     kcat = [r for r in rows if r["node"] == "ne-kcat" and r["metric"] == "cpu.user_seconds"
             and r["device"] == "cpu0"]  # fmt: skip
     assert len(kcat) == 3
