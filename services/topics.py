@@ -40,6 +40,9 @@ class TopicSpec(BaseModel):
     # a foreign format's producer: the most a row waits between its stamp and its append
     # (docs/clock.md, "declared"); empty: the format's usual (services.worker.cli)
     send_delay: DurationNs | None = None
+    # optional: the site's hosts keep their clocks within this of the broker's (chrony, PTP):
+    # rows are bounded by it where their records allow it (docs/clock.md, "declared")
+    clock_error: DurationNs | None = None
 
 
 @dataclass(frozen=True)

@@ -96,6 +96,7 @@ from pipelines.refine.clock_model import (
     UNKNOWN,
     ClockEstimate,
     ClockSettings,
+    DeclaredTiming,
     align,
     bounded,
     row_errors,
@@ -108,6 +109,7 @@ __all__ = [
     "ClockEstimate",
     "ClockEstimator",
     "ClockSettings",
+    "DeclaredTiming",
     "align",
     "bounded",
     "row_errors",
@@ -163,23 +165,22 @@ class ClockEstimator:
         arrival_ns: int | None,
         clock: ClockBlock | None = None,
         partition: int | None = None,
-        send_delay_max_ns: int | None = None,
+        declared: DeclaredTiming | None = None,
     ) -> ClockEstimate:
         """Add one (source send time, broker append time) pair; returns the new estimate,
         bounded by the clock block's exchanges when it carries any (see :func:`bounded`).
         ``arrival_ns`` None: the record's timestamp is no append time (a CreateTime topic);
         it adds no point. ``partition``: the record's (its append time then also bounds the
-        offset from below, see :func:`bounded`). ``send_delay_max_ns``: the most a row of
-        this source waits between its stamp and its append, as declared for its topic (a
-        producer without exchanges: see :meth:`_declared`). O(window) Python work per call,
+        offset from below, see :func:`bounded`). ``declared``: what its topic declares of a
+        producer without exchanges (see :meth:`_declared`). O(window) Python work per call,
         once per batch."""
         drift = self.settings.exchange_drift_ppm
         if arrival_ns is None:
             est = bounded(self.last, int(sent_ns), clock, drift)
             return est if est.basis == "exchange" else replace(est, basis="create_time")
         self.last = self._observe(sent_ns, arrival_ns, clock)
-        if send_delay_max_ns is not None and (clock is None or not clock.exchanges):
-            return self._declared(int(sent_ns), send_delay_max_ns)
+        if declared is not None and (clock is None or not clock.exchanges):
+            return self._declared(int(sent_ns), declared)
         append = (int(arrival_ns), partition) if partition is not None else None
         est = bounded(self.last, int(sent_ns), clock, drift, append)
         if est.basis == "exchange" and clock is not None and clock.exchanges:
@@ -188,7 +189,7 @@ class ClockEstimator:
             est = replace(est, error_ns=est.error_ns + max(self.excess))
         return est
 
-    def _declared(self, x: int, delay_max_ns: int) -> ClockEstimate:
+    def _declared(self, x: int, declared: DeclaredTiming) -> ClockEstimate:
         """The estimate of a producer without exchanges whose rows wait at most
         ``delay_max_ns`` between their stamp and their append (declared per topic: Telegraf
         stamps at collection and sends at its flush, seconds later; the Collector's batch
@@ -196,8 +197,12 @@ class ClockEstimator:
         bounds the offset to ``[S - A - 1 ms, S - A + delay_max]``, widened by the drift
         since; they are intersected newest first. Where one does not meet the newer ones
         (a step of the source's clock, or a flush of rows older than declared: without
-        exchanges the two look alike), the bound spans both. The point is the model's,
-        held inside; the bound reaches the interval's farther end (``basis`` "declared")."""
+        exchanges the two look alike), the bound spans both. A declared clock error ``E``
+        (the site's hosts within ``E`` of the broker) narrows it to ``[-E, E]`` where the
+        two meet; where they do not, the declaration is proven false for this source and is
+        left out (``widened`` "clock_error"). The point is the model's, held inside; the
+        bound reaches the interval's farther end (``basis`` "declared")."""
+        delay_max_ns = declared.send_delay_max_ns
         rate = drift_rate(self.settings.exchange_drift_ppm)
         runs: list[tuple[int, int]] = []
         lo, hi = -(2**62), 2**62
@@ -213,6 +218,13 @@ class ClockEstimator:
                 lo, hi = max(lo, a), min(hi, b)
         runs.append((lo, hi))
         lo, hi = min(r[0] for r in runs[:2]), max(r[1] for r in runs[:2])
+        widened = None
+        e = declared.clock_error_ns
+        if e is not None:
+            if max(lo, -e) <= min(hi, e):
+                lo, hi = max(lo, -e), min(hi, e)
+            else:
+                widened = "clock_error"
         model = self.last.offset_at(x) if self.last is not UNKNOWN else (lo + hi) // 2
         offset = min(max(model, lo), hi)
         return replace(
@@ -221,7 +233,7 @@ class ClockEstimator:
             anchor_ns=x,
             drift_ppm=0.0,
             error_ns=max(offset - lo, hi - offset) + 1,
-            widened=None,
+            widened=widened,
             basis="declared",
             error_rate=rate,
         )

@@ -102,6 +102,17 @@ class ClockEstimate:
 UNKNOWN = ClockEstimate(0, 0, 0.0, 2**62, 0, False)
 
 
+@dataclass(frozen=True)
+class DeclaredTiming:
+    """What a site declares of a producer without exchanges (per ingest topic): the most its
+    rows wait between their stamp and their append, and optionally how close its hosts keep
+    their clocks to the broker's (a fleet disciplined by chrony or PTP). See
+    :meth:`pipelines.refine.clock.ClockEstimator.observe` and docs/clock.md."""
+
+    send_delay_max_ns: int
+    clock_error_ns: int | None = None
+
+
 def bounded(
     est: ClockEstimate,
     x: int,

@@ -8,10 +8,13 @@ import sys
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from schemas.errors import ConfigError
 from schemas.topics import TOPICS
+
+if TYPE_CHECKING:
+    from pipelines.refine.clock_model import DeclaredTiming
 from services.heap import keep_heap
 from services.settings import RefinerySettings
 
@@ -154,28 +157,35 @@ def _ingest_topics(
 # append, when its topic declares none (deploy/topics.yaml ``send_delay``; docs/clock.md):
 # the Collector's batch processor holds rows up to 200 ms; Telegraf stamps at collection and
 # sends at its flush (flush_interval 10 s by default, plus flush_jitter); collectd's
-# write_kafka and a pushed exposition send as they read.
+# write_kafka and a pushed exposition send as they read, once connected: a producer's first
+# records wait for its connection to the broker, seconds on a loaded host.
 SEND_DELAY_S = {
-    "otlp": 1.0,
-    "otlp_proto": 1.0,
-    "otlp_json": 1.0,
-    "influx": 12.0,
-    "prometheus": 1.0,
-    "collectd": 1.0,
-    "collectd_counters": 1.0,
+    "otlp": 5.0,
+    "otlp_proto": 5.0,
+    "otlp_json": 5.0,
+    "influx": 15.0,
+    "prometheus": 5.0,
+    "collectd": 5.0,
+    "collectd_counters": 5.0,
 }
 
 
-def send_delays(ingest: tuple[tuple[str, str], ...], prefix: str = "") -> dict[str, int]:
-    """Per ingest topic, the most its rows wait before their append (ns): its spec's
-    ``send_delay``, else its format's usual (:data:`SEND_DELAY_S`)."""
+def declared_timing(
+    ingest: tuple[tuple[str, str], ...], prefix: str = ""
+) -> dict[str, DeclaredTiming]:
+    """Per ingest topic, what its spec declares of its producer's timing: ``send_delay``
+    (else its format's usual, :data:`SEND_DELAY_S`) and ``clock_error``."""
+    from pipelines.refine.clock_model import DeclaredTiming
     from services.topics import load_topic_specs
 
-    declared = {s.name: s.send_delay for s in load_topic_specs(prefix=prefix)}
+    specs = {s.name: s for s in load_topic_specs(prefix=prefix)}
     out = {}
     for topic, fmt in ingest:
-        got = declared.get(topic)
-        out[topic] = got if got is not None else int(SEND_DELAY_S.get(fmt, 1.0) * 1e9)
+        spec = specs.get(topic)
+        delay = spec.send_delay if spec is not None else None
+        if delay is None:
+            delay = int(SEND_DELAY_S.get(fmt, 5.0) * 1e9)
+        out[topic] = DeclaredTiming(delay, spec.clock_error if spec is not None else None)
     return out
 
 
@@ -258,7 +268,7 @@ def run(args: argparse.Namespace, settings: RefinerySettings) -> int:
                 delay_uncertainty_ns=int(args.clock_delay_uncertainty_ms * 1e6),
                 plausible_drift_ppm=args.clock_plausible_drift_ppm,
             ),
-            send_delay_max_ns=send_delays(inputs.ingest, pre),
+            declared=declared_timing(inputs.ingest, pre),
         ),
     )
     check_partitions(conf, cfg.app_id, {"raw": inputs.raw, "events": inputs.events})

@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from pipelines.refine.clock import ClockEstimator
+from pipelines.refine.clock import ClockEstimator, DeclaredTiming
 
 T0 = 1_700_000_000_000_000_000
 S = 1_000_000_000
@@ -27,7 +27,7 @@ def _run(
         stamp = T0 + i * every  # true time of the newest row
         sent = stamp + offset  # ingest formats: sent_ns is the newest row's stamp
         append = (stamp + d) // MS * MS
-        e = est.observe(sent, append, None, 0, declared)
+        e = est.observe(sent, append, None, 0, DeclaredTiming(declared) if declared else None)
         out.append((abs(sent - e.offset_at(sent) - stamp), e.error_at(sent), e.alert_claim()))
     return out
 
