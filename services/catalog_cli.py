@@ -6,9 +6,11 @@ Reads the topic from its beginning (at most ``--records`` records, or until it h
 for ``--idle`` seconds), decodes each record as the worker would (the topic's format from
 ``deploy/topics.yaml``, or ``--format``) and prints each metric name the catalog and the
 ingest mapping do not map, with its sample count and a device, most frequent first: the
-names the refiner dead-letters as ``unknown_metric``. Extend ``schemas/catalog/ingest/``
-to map them. Counters sent as floats above 2**53 (not exact) are listed too, per metric.
-Exit 0 when it could read the topic (whatever it found), 1 otherwise.
+names the refiner dead-letters as ``unknown_metric``: every one of them, however many.
+Extend ``schemas/catalog/ingest/`` to map them. Records rejected whole are counted by why
+(e.g. a producer without a host identity, with what it must set). Counters sent as floats
+above 2**53 (not exact) are listed too, per metric. Exit 0 when it could read the topic
+(whatever it found), 1 otherwise.
 """
 
 from __future__ import annotations
@@ -52,10 +54,11 @@ def _format_of(topic: str, override: str | None) -> Format:
 
 
 def unmapped_names(
-    records: Any, fmt: Format, topic: str
+    records: Any, fmt: Format, topic: str, why: Counter[str] | None = None
 ) -> tuple[Counter[str], dict[str, str], int]:
     """(samples per unmapped name, a device of each, records undecodable) of ``records``:
-    (value, headers, partition, offset, key) tuples."""
+    (value, headers, partition, offset, key) tuples. Every unmapped name is counted, none
+    left out. ``why``, when given, counts the records rejected by reason and detail."""
     decoder = IngestDecoder({topic: fmt})
     catalog = default_catalog()
     counts: Counter[str] = Counter()
@@ -65,8 +68,10 @@ def unmapped_names(
         try:
             batch = decoder.decode(topic, value, content_type_of(headers),
                                    Position(partition, offset, time.time_ns(), key))  # fmt: skip
-        except RejectedInput:
+        except RejectedInput as e:
             bad += 1
+            if why is not None:
+                why[f"{e.reason.value}: {e.detail}"[:400]] += 1
             continue
         for metric, device in zip(batch.table["metric"].to_pylist(),
                                   batch.table["device"].to_pylist(), strict=True):  # fmt: skip
@@ -107,11 +112,14 @@ def cmd_catalog_unmapped(args: argparse.Namespace, settings: RefinerySettings) -
         raise ConfigError(f"--records {args.records}: expected a positive count")
     fmt = _format_of(args.topic, args.format)
     records = _read(settings, args.topic, args.records, args.idle)
-    counts, devices, bad = unmapped_names(records, fmt, args.topic)
+    why: Counter[str] = Counter()
+    counts, devices, bad = unmapped_names(records, fmt, args.topic, why)
     print(f"{args.topic} ({fmt.value}): {len(records)} records read, {bad} undecodable, "
           f"{len(counts)} names not in the catalog")  # fmt: skip
     for name, n in counts.most_common():
         print(f"{n:>10}  {name}  (e.g. device {devices[name]})")
+    for detail, n in why.most_common():
+        print(f"{n:>10}  records rejected: {detail}")
     for name, n in sorted(INEXACT.inexact.items()):
         print(f"{n:>10}  {name}  counter sent as a float above 2^53: not exact")
     return 0

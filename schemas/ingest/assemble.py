@@ -6,7 +6,11 @@ distinct series through the family's :class:`~schemas.ingest.mapping.Mapping` an
 samples table with Arrow/numpy kernels (no Python per sample), then synthesizes the
 envelope the format lacks:
 
-- ``node``: the series' node label (one node per message), else the Kafka key;
+- ``node``: the series' node label (one node per message), else the Kafka key; a message
+  with neither (an OTel Collector without the ``resourcedetection`` processor keys its
+  records by a hash of the resource attributes: no host name) is rejected whole
+  (``bad_envelope``) by :class:`RejectedSamples`, whose detail says what the producer must
+  set (the family's ``node_hint``) and whose samples the refiner still accounts for;
 - ``exporter``: the format's producer (``telegraf``, ``collectd``, ``otlp``, ``prometheus``);
 - ``instance``: ``p<partition>``: each stream stays within one partition, so its state and
   its seqs (below) live there;
@@ -29,7 +33,7 @@ import pyarrow as pa
 
 from schemas.codec import MAX_ROWS
 from schemas.errors import RejectedInput
-from schemas.ingest.mapping import Mapping, SeriesKey
+from schemas.ingest.mapping import Family, Mapping, SeriesKey
 from schemas.reasons import Reason
 from schemas.wire import NAME_PATTERN, SAMPLES_SCHEMA, Batch, Envelope, SourceId
 
@@ -99,21 +103,48 @@ class Exactness:
 INEXACT = Exactness({})
 
 
-def _node(nodes: set[str], pos: Position) -> str:
+class RejectedSamples(RejectedInput):
+    """A message that decoded into ``samples`` samples and is rejected whole all the same (no
+    host identity, several hosts in one message): its dead letter and accounting record
+    count those samples as quarantined, so input = refined + duplicate + quarantined holds."""
+
+    def __init__(self, reason: Reason, detail: str, samples: int) -> None:
+        super().__init__(reason, detail)
+        self.samples = samples
+
+
+def no_node(family: Family | None, key: bytes | None) -> RejectedInput:
+    """Why a message whose samples carry none of the family's node labels has no node: its
+    Kafka key is absent, or no host name (a hash of resource attributes, a random key), and
+    what the producer must set."""
+    labels = " or ".join(family.node_labels) if family and family.node_labels else "host label"
+    keyed = "no Kafka key" if not key else f"its Kafka key {key[:24]!r} is no host name"
+    hint = f"; {family.node_hint}" if family and family.node_hint else ""
+    return RejectedInput(Reason.BAD_ENVELOPE, f"no host identity: no {labels} and {keyed}{hint}")
+
+
+def _valid(node: str) -> str | None:
+    """``node`` as a node name (``host:9100`` -> ``host``), None if it is none."""
+    node = node.split(":", 1)[0] if node.count(":") == 1 else node  # instance="host:9100"
+    return node if _NAME.match(node) else None
+
+
+def _node(nodes: set[str], pos: Position, family: Family | None = None) -> str:
     if len(nodes) > 1:
         shown = ", ".join(sorted(nodes)[:4])
         raise RejectedInput(
             Reason.BAD_ENVELOPE, f"one message carries samples of {len(nodes)} nodes ({shown})"
         )
-    node = next(iter(nodes)) if nodes else None
-    if node is None and pos.key:
-        node = pos.key.decode("utf-8", "replace")
-    if node is None:
-        raise RejectedInput(Reason.BAD_ENVELOPE, "no node: no host label and no Kafka key")
-    node = node.split(":", 1)[0] if node.count(":") == 1 else node  # instance="host:9100"
-    if not _NAME.match(node):
+    if not nodes:  # no node label: the Kafka key, when it is a host name
+        keyed = _valid(pos.key.decode("utf-8", "replace")) if pos.key else None
+        if keyed is None:
+            raise no_node(family, pos.key)
+        return keyed
+    node = next(iter(nodes))
+    valid = _valid(node)
+    if valid is None:
         raise RejectedInput(Reason.BAD_ENVELOPE, f"node {node[:64]!r} is not a valid name")
-    return node
+    return valid
 
 
 @dataclass(frozen=True)
@@ -201,7 +232,10 @@ def assemble(points: Points, mapping: Mapping, exporter: str, pos: Position) -> 
         raise RejectedInput(Reason.OVERSIZED, f"{n} samples > {MAX_ROWS}")
     uniq, inv = np.unique(points.gid, return_inverse=True)
     shape = _shape(points, uniq, mapping)
-    node = _node(set(shape.nodes), pos)
+    try:
+        node = _node(set(shape.nodes), pos, mapping.family)
+    except RejectedInput as e:  # decoded, then rejected: its samples are accounted for
+        raise RejectedSamples(e.reason, e.detail, n) from None
     factor, counter = shape.factor[inv], shape.counter[inv]
     value = points.value * factor
     ts = np.where(points.ts < 0, pos.append_ns, points.ts)

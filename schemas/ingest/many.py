@@ -31,12 +31,15 @@ from schemas.ingest.assemble import (
     INEXACT,
     Points,
     Position,
+    RejectedSamples,
     SeriesRegistry,
     _node,
     _raw,
     _source,
+    _valid,
+    no_node,
 )
-from schemas.ingest.mapping import Mapping
+from schemas.ingest.mapping import Family, Mapping
 from schemas.reasons import Reason
 from schemas.wire import SAMPLES_SCHEMA, SCHEMA_VERSION, Batch, Envelope, PayloadKind, SourceId
 
@@ -167,10 +170,14 @@ def _checked_node(raw: str) -> str | RejectedInput:
 
 
 def _message_nodes(
-    node_code: np.ndarray, msg: np.ndarray, names: list[str], pos: list[Position]
+    node_code: np.ndarray,
+    msg: np.ndarray,
+    names: list[str],
+    pos: list[Position],
+    family: Family | None = None,
 ) -> tuple[list[str | None], dict[int, RejectedInput]]:
     """The node of each message (None: rejected, with why): its series' one node label,
-    else its Kafka key."""
+    else its Kafka key when that is a host name."""
     m, width = len(pos), len(names) + 1
     has = node_code >= 0
     pairs, _ = _unique(msg[has] * width + node_code[has])
@@ -188,8 +195,8 @@ def _message_nodes(
     got: list[str | RejectedInput | None] = [checked[c] if c >= 0 else None for c in code.tolist()]
     for k in np.flatnonzero(code == -1).tolist():  # no node label: the Kafka key
         key = pos[k].key
-        got[k] = _checked_node(key.decode("utf-8", "replace")) if key else RejectedInput(
-            Reason.BAD_ENVELOPE, "no node: no host label and no Kafka key")  # fmt: skip
+        keyed = _valid(key.decode("utf-8", "replace")) if key else None
+        got[k] = keyed if keyed is not None else no_node(family, key)
     if any(not isinstance(c, str) for c in checked) or (code == -1).any():
         for k, g in enumerate(got):
             if isinstance(g, RejectedInput):
@@ -223,8 +230,10 @@ def assemble_many(
     nodes = [got.nodes.names[c] for c in used.tolist()]
     fast = None if rejected or boot_ids is not None else _by_label(code_s, msg, nodes, pos)
     if fast is None:
-        node_of, bad = _message_nodes(code_s, msg, nodes, pos)
-        rejected.update({k: e for k, e in bad.items() if k not in rejected})
+        node_of, bad = _message_nodes(code_s, msg, nodes, pos, mapping.family)
+        for k, e in bad.items():  # decoded, then rejected: their samples are accounted for
+            if k not in rejected:
+                rejected[k] = RejectedSamples(e.reason, e.detail, int(counts[k]))
     append = np.fromiter(map(attrgetter("append_ns"), pos), np.int64, m)
     ts_all = np.where(points.ts < 0, append[msg], points.ts)
     sent = _newest(ts_all, counts, append)

@@ -12,6 +12,7 @@ index (see :mod:`schemas.ingest.assemble`).
 Rules of one family file::
 
     node_labels: [host, Hostname]          # the first present names the node
+    node_hint: "set the host tag"          # what a producer without one must set
     default_device: ["gpu{gpu}", "node"]   # the first template whose labels are all present
     rules:
       - name: node_cpu_seconds_total        # or pattern: a regex over the whole name
@@ -19,6 +20,13 @@ Rules of one family file::
         metrics: {user: cpu.user_seconds}   # (or metric: one catalog name, may use {1})
         device: "cpu{cpu}"                  # labels and regex groups by name / number
         to_raw: 100                         # foreign value x to_raw = catalog raw reading
+
+``select`` names a label, a regex group (``"1"``) or, with braces, a template of several
+(``"{direction}/{type}"``); a list gives alternatives, the first present wins (attribute
+names of older and newer OpenTelemetry semantic conventions). ``device`` may be a list of
+templates too (the first whose fields are all present), and ``device_names`` renames a
+rendered device (Telegraf's ``cpu-total`` is the catalog's ``all``). A field may be
+lowercased: ``{1:lower}`` (``node_netstat_Tcp_InSegs`` -> ``net.tcp_insegs``).
 
 A name that is a catalog name or alias (DCGM field names) maps to itself with the default
 device. Anything else keeps its foreign name as the metric, so the refiner dead-letters it
@@ -53,7 +61,8 @@ class Rule(BaseModel):
     metric: str | None = None
     select: str | tuple[str, ...] | None = None  # a label, or labels: the first present
     metrics: dict[str, str] = Field(default_factory=dict)
-    device: str | None = None
+    device: str | tuple[str, ...] | None = None  # a template, or templates: the first whole
+    device_names: dict[str, str] = Field(default_factory=dict)  # rendered device -> device
     to_raw: float = 1.0
 
     @model_validator(mode="after")
@@ -79,6 +88,9 @@ class Family(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     node_labels: tuple[str, ...] = ()
+    # what a producer that sends none of node_labels (and no Kafka key that is a name) must
+    # set: the dead letter says it
+    node_hint: str = ""
     default_device: tuple[str, ...] = ("node",)
     rules: tuple[Rule, ...] = ()
 
@@ -96,25 +108,34 @@ class Target:
     mapped: bool
 
 
-def _selected(select: str | tuple[str, ...], labels: dict[str, str]) -> str:
+def _selected(select: str | tuple[str, ...], ctx: dict[str, str]) -> str:
+    """The key ``select`` picks from ``ctx`` (labels and regex groups): the first of its
+    names present, or of its templates whose fields are all present; "" if none is."""
     for name in (select,) if isinstance(select, str) else select:
-        if name in labels:
-            return labels[name]
+        if "{" in name:
+            got = _template(name, ctx, clean=False)
+            if got is not None:
+                return got
+        elif name in ctx:
+            return ctx[name]
     return ""
 
 
-def _template(tpl: str, ctx: dict[str, str]) -> str | None:
+def _template(tpl: str, ctx: dict[str, str], clean: bool = True) -> str | None:
+    """``tpl`` with each ``{field}`` (``{field:lower}``) filled from ``ctx``; None where a
+    field is absent. ``clean``: characters a device may not hold become ``_``."""
     out = []
     pos = 0
     for m in _FIELD.finditer(tpl):
-        v = ctx.get(m.group(1))
+        field, _, how = m.group(1).partition(":")
+        v = ctx.get(field)
         if v is None:
             return None
         out.append(tpl[pos : m.start()])
-        out.append(v)
+        out.append(v.lower() if how == "lower" else v)
         pos = m.end()
     out.append(tpl[pos:])
-    return DEVICE_CHARS.sub("_", "".join(out))
+    return DEVICE_CHARS.sub("_", "".join(out)) if clean else "".join(out)
 
 
 class Mapping:
@@ -147,11 +168,16 @@ class Mapping:
                 return v
         return None
 
-    def _device(self, tpl: str | None, ctx: dict[str, str]) -> str:
-        for t in [tpl] if tpl else self.family.default_device:
+    def _device(
+        self, tpl: str | tuple[str, ...] | None, ctx: dict[str, str], names: dict[str, str]
+    ) -> str:
+        tpls = (
+            self.family.default_device if tpl is None else (tpl,) if isinstance(tpl, str) else tpl
+        )
+        for t in tpls:
             d = _template(t, ctx)
             if d:
-                return d
+                return names.get(d, d)
         return "node"
 
     def _resolve(self, key: SeriesKey) -> Target:
@@ -171,16 +197,16 @@ class Mapping:
         metric: str | None
         if rule is not None:
             if rule.select is not None:
-                metric = rule.metrics.get(_selected(rule.select, labels))
+                metric = rule.metrics.get(_selected(rule.select, ctx))
             else:
                 metric = _template(rule.metric or "", ctx)
-            device, factor = self._device(rule.device, ctx), rule.to_raw
+            device, factor = self._device(rule.device, ctx, rule.device_names), rule.to_raw
         else:
-            metric, device, factor = name, self._device(None, ctx), 1.0
+            metric, device, factor = name, self._device(None, ctx, {}), 1.0
         if metric is None or metric not in self.catalog:
             shown = name
             if rule is not None and rule.select is not None:
-                shown = f"{name}{{{_selected(rule.select, labels)!r}}}"
+                shown = f"{name}{{{_selected(rule.select, ctx)!r}}}"
             return Target(shown + (":rate" if hint else ""), device, 1.0, False, node, False)
         entry = self.catalog[metric]
         if hint == "rate":

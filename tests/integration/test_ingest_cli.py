@@ -89,12 +89,12 @@ def test_catalog_unmapped_lists_what_a_topic_carries_that_the_catalog_lacks(
     apply_topics({"bootstrap.servers": kafka_bootstrap}, load_topic_specs(prefix=prefix))
     p = Producer({"bootstrap.servers": kafka_bootstrap})
     for i in range(3):
-        p.produce(topic, f"cpu,cpu=cpu0,host=h usage_user=1,usage_guest={i} {i}".encode())
+        p.produce(topic, f"cpu,cpu=cpu0,host=h usage_user=1,usage_made_up={i} {i}".encode())
     p.produce(topic, b"not line protocol at all")
     assert p.flush(30) == 0
     out = _refinery(kafka_bootstrap, "catalog", "unmapped", "--topic", topic, "--idle", "2")
     assert out.returncode == 0, out.stderr
     assert "(influx): 4 records read, 1 undecodable, 1 names not in the catalog" in out.stdout
-    assert "3  cpu.usage_guest  (e.g. device cpu0)" in out.stdout
+    assert "3  cpu.usage_made_up  (e.g. device cpu0)" in out.stdout
     bad = _refinery(kafka_bootstrap, "catalog", "unmapped", "--topic", prefix + "nope")
     assert bad.returncode != 0 and "no such topic" in bad.stderr

@@ -81,6 +81,8 @@ def test_every_counter_has_width_and_overflow(cat: Catalog) -> None:
 def test_names_follow_domain_convention(cat: Catalog) -> None:
     domains = {"gpu", "ib", "rdma", "nic", "cpu", "mem", "psi", "net", "pcie", "thermal"}
     domains |= {"hwmon", "nvme", "bmc", "power", "clock"}
+    # block devices, file systems, the OS beyond cpu/mem, the exporters' self-telemetry
+    domains |= {"disk", "fs", "host", "exporter"}
     for m in cat:
         assert m.name == m.name.lower()
         assert m.name.split(".")[0] in domains, m.name
@@ -201,3 +203,30 @@ def test_units_documented_and_scales_positive(cat: Catalog) -> None:
     assert cat["cpu.user_seconds"].scale == 0.01
     assert cat["mem.total_bytes"].scale == 1024.0
     assert cat["psi.cpu_some_seconds"].scale == 1e-6
+
+
+def test_catalog_unmapped_names_every_unmapped_metric_and_why_records_were_rejected() -> None:
+    """``refinery catalog unmapped`` lists every name a topic carries that maps to nothing,
+    however many (node_exporter's own e2e exposition enables collectors that are off by
+    default: hundreds of names), and counts records rejected whole by why."""
+    from collections import Counter
+
+    from schemas.ingest import Format, IngestDecoder, Position
+    from services.catalog_cli import unmapped_names
+
+    body = (SYSFS_DIR / "node_exporter-e2e-output.txt").read_bytes()
+    table = (
+        IngestDecoder({"t": "prometheus"}).decode("t", body, None, Position(0, 0, 1, b"n")).table
+    )
+    cat = load_catalog()
+    expected = Counter(m for m in table["metric"].to_pylist() if m not in cat)
+    assert len(expected) > 100
+    lp = b"cpu,cpu=cpu0 usage_user=1 1"  # no host tag and no key: rejected whole
+    records = [(body, None, 0, 0, b"n"), (lp, None, 0, 1, None)]
+    why: Counter[str] = Counter()
+    counts, devices, bad = unmapped_names(records[:1], Format.PROMETHEUS, "t", why)
+    assert counts == expected and set(devices) == set(expected) and bad == 0
+    counts, _, bad = unmapped_names(records[1:], Format.INFLUX, "t", why)
+    assert bad == 1 and not counts
+    ((detail, n),) = why.items()
+    assert n == 1 and detail.startswith("bad_envelope: no host identity") and "host tag" in detail

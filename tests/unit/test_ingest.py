@@ -45,7 +45,10 @@ def test_node_exporter_exposition_maps_cpu_seconds_ib_words_and_memory() -> None
     lines = [x for x in body.splitlines() if x and not x.startswith(b"#")]
     assert b.table.num_rows == len(lines)
     assert set(b.table["ts_ns"].to_pylist()) == {NOW}
-    assert "node_arp_entries" in set(b.table["metric"].to_pylist())  # left for unknown_metric
+    names = set(b.table["metric"].to_pylist())
+    assert "net.arp_entries" in names  # a default collector's series: mapped
+    # a collector off by default (bcache statistics) is left for unknown_metric, named
+    assert "node_bcache_btree_nodes" in names
 
 
 def _dcgm_exposition() -> bytes:
