@@ -44,6 +44,10 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
+from lab.simulate.clocks import truth_offsets
+
 S = 1_000_000_000
 FOREVER = 2**62
 CLOCK_THRESHOLD_NS = S  # deploy/rules and the refiner: clock_offset above 1 s
@@ -290,21 +294,18 @@ def _storm_signals(
 def clock_signals(
     clocks: Iterable[Mapping[str, Any]], run: tuple[int, int], slack_ns: int, band_ns: int
 ) -> list[Signal]:
-    """Per node whose true clock offset exceeded 1 s during the run (sampled each second):
+    """Per node whose true clock offset exceeded 1 s during the run (sampled each second,
+    rebuilt from its clocks truth row by :func:`lab.simulate.clocks.truth_offsets`):
     clock_offset on one of its sources while it did. Within ``band_ns`` of 1 s: optional."""
     start, end = run
     out: list[Signal] = []
+    grid = np.arange(start, end + 1, S, dtype=np.int64)
     for c in clocks:
         node = str(c["node"])
-        steps = [(int(s["at_ns"]), int(s["step_ns"])) for s in c.get("steps") or []]
-        over: list[int] = []
-        peak = 0
-        for t in range(start, end + 1, S):
-            off = int(c["offset_ns"]) + int(float(c["drift_ppm"]) * 1e-6 * (t - start))
-            off += sum(st for at, st in steps if t >= at)
-            peak = max(peak, abs(off))
-            if abs(off) > CLOCK_THRESHOLD_NS - band_ns:
-                over.append(t)
+        # its wall clock's true offset, rebuilt from the truth (steps, slews, pauses...)
+        off = np.abs(truth_offsets(c, grid, start))
+        peak = int(off.max()) if off.size else 0
+        over = [int(t) for t in grid[off > CLOCK_THRESHOLD_NS - band_ns]]
         if not over:
             continue
         t0, t1 = over[0] - slack_ns, (end + slack_ns if over[-1] + S > end else over[-1] + slack_ns)

@@ -14,25 +14,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import re
 import sys
 from typing import Any
 
+from schemas.durations import parse_duration_ns
 from schemas.errors import ConfigError
 from services.settings import KafkaSettings, RefinerySettings
-
-_UNITS = {"ns": 1, "us": 1_000, "ms": 1_000_000, "s": 1_000_000_000, "m": 60_000_000_000}
-
-
-def parse_duration_ns(text: str) -> int:
-    """``"1s"``, ``"500ms"``, ``"2"`` (seconds) → ns; ConfigError if malformed or not > 0."""
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*(ns|us|ms|s|m)?\s*", text)
-    if m is None:
-        raise ConfigError(f"not a duration: {text!r} (e.g. 1s, 500ms)")
-    ns = int(float(m.group(1)) * _UNITS[m.group(2) or "s"])
-    if ns <= 0:
-        raise ConfigError(f"duration must be positive: {text!r}")
-    return ns
 
 
 def add_parser(subparsers: Any) -> None:
@@ -77,7 +64,7 @@ def cmd_simulate(args: argparse.Namespace, settings: RefinerySettings) -> int:
     from lab.simulate.publish import Topics, publish
     from lab.simulate.truth import load_truth
 
-    interval = parse_duration_ns(args.interval)
+    interval = parse_duration_ns(args.interval, positive=True, name="--interval")
     if args.nodes < 1 or args.substeps < 1:
         raise ConfigError("--nodes and --substeps must be positive")
     spec = parse_faults(args.faults)

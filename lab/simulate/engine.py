@@ -12,8 +12,11 @@ publish once a tick) — plus an ``events`` batch when something happened, and p
 its exchange with the broker bounds the clock of the first batch with rows.
 
 Time: true time ``t`` runs from ``start_ns`` in steps of ``interval_ns``; every timestamp a
-source writes (``ts_ns``, ``sent_ns``) is in its node's clock (:mod:`.clocks`). A batch is
-sent 0.5-3 ms after its last sample and reaches the broker after the network delay.
+source writes (``ts_ns``, ``sent_ns``) is its node's wall clock at that instant (:mod:`.clocks`:
+rows of one batch sit on the settings a slewing or stepping clock had when each was stamped;
+``Message.offset_ns`` holds each row's offset). A batch is sent 0.5-3 ms after its last sample
+and reaches the broker after the network delay. While a node's VM is paused it samples nothing
+and sends nothing: a batch due then is sent when it resumes, late, its boot id unchanged.
 
 Phases: by default every node samples on the same grid (``t``, ``t + interval/substeps``, …),
 so all nodes publish within a few ms of each other once a tick (lockstep: what exporters
@@ -30,8 +33,10 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
 from lab.simulate.clocks import NodeClocks
 from lab.simulate.cluster import Cluster
@@ -55,7 +60,7 @@ from lab.simulate.gen import (
     nic_layout,
     node_layout,
 )
-from lab.simulate.inject import inject_faults
+from lab.simulate.inject import inject_faults, row_offsets
 from lab.simulate.layout import TableBuilder
 from lab.simulate.messages import Message, SendKind, Stream, Tick
 from schemas.wire import PAYLOAD_SCHEMAS, Envelope, PayloadKind, SourceId
@@ -65,6 +70,11 @@ EXPORTERS = ("node", "gpu", "nic")
 # how long before the start the exporters greet the broker (``ticks(greet=True)``): their
 # reports are back before their first batches with rows are sent
 GREET_LEAD_NS = 2 * S
+STREAM_KIND = {
+    Stream.RAW: PayloadKind.SAMPLES,
+    Stream.EVENTS: PayloadKind.EVENTS,
+    Stream.COLLECTIVES: PayloadKind.COLLECTIVES,
+}
 
 
 class Simulation:
@@ -123,6 +133,15 @@ class _Run:
             10_000 if n_ticks is None else max(1, math.ceil(n_ticks * self.iv / sim.window_ns))
         )
         rng = np.random.default_rng([sim.seed, 1])
+        # each node's phase within a tick (ns, whole ms): zero in lockstep
+        self.phase = np.zeros(self.n, np.int64)
+        if sim.spread:
+            ms = np.random.default_rng([sim.seed, 6]).integers(
+                0, max(1, self.iv // 1_000_000), self.n
+            )
+            self.phase = ms.astype(np.int64) * 1_000_000
+        job_of = np.asarray(c.job_of_node())
+        self.busy = job_of >= 0
         sim._clocks = self.clocks = NodeClocks.build(
             self.n,
             sim.faults,
@@ -132,22 +151,15 @@ class _Run:
             self.windows,
             c.node_names,
             self.iv,
+            self.phase,
+            ~self.busy,
         )
-        job_of = np.asarray(c.job_of_node())
-        self.busy = job_of >= 0
         busy_gpu = np.repeat(self.busy[:, None], c.gpus, axis=1)
         self.gens = (
             NodeGen(self.n, c.cpus, self.busy, rng),
             GpuGen(self.n, c.gpus, busy_gpu, rng),
             NicGen(self.n, c.nics, self.busy, rng),
         )
-        # each node's phase within a tick (ns, whole ms): zero in lockstep
-        self.phase = np.zeros(self.n, np.int64)
-        if sim.spread:
-            ms = np.random.default_rng([sim.seed, 6]).integers(
-                0, max(1, self.iv // 1_000_000), self.n
-            )
-            self.phase = ms.astype(np.int64) * 1_000_000
         s = sim.substeps
         self.builders = (
             TableBuilder(node_layout(c.cpus)),
@@ -214,6 +226,7 @@ class _Run:
                 sim.cluster, sim.faults, sim.seed, w, sim.window_ns, self.start, self.iv
             )
             sim.incidents.extend(new)
+            self.clocks.plan_window(w)
             for inc in new:
                 if inc.kind is FaultKind.WRAP:
                     self.gens[2].start_wrap(
@@ -301,7 +314,6 @@ class _Run:
         active = [x for x in sim.incidents if x.start_ns < t + iv and x.end_ns >= t]
         self.reboot(t, active)
         fx = self.effects(t, active)
-        off = self.clocks.offsets(t)
         frng = np.random.default_rng([sim.seed, 4, k])
         up = np.flatnonzero(~self.down)
         out: list[Message] = []
@@ -317,84 +329,108 @@ class _Run:
         ):
             steps = b.layout.substeps
             true_ts = t + np.arange(steps, dtype=np.int64) * (iv // steps)
-            when = true_ts[None, :] + (off + self.phase)[:, None]  # each node's clock
-            tables = b.tables(when, b.merge_values(val, raw), raw)
+            at = true_ts[None, :] + self.phase[:, None]  # each node's sampling instants
+            off = self.clocks.offsets(at)  # its clock's setting at each of them
+            tables = b.tables(at + off, b.merge_values(val, raw), raw)
             for i in map(int, up):
-                sent = int(true_ts[-1] + self.phase[i] + delay[i, e])
-                env = self.envelope(
-                    int(i), exporter, PayloadKind.SAMPLES, sent + int(off[i]), int(off[i])
-                )
-                out.append(
-                    Message(
-                        Stream.RAW,
-                        SendKind.BATCH,
-                        env.source.node.encode(),
-                        sent + int(net[i, e]),
-                        sent,
-                        env,
-                        tables[i],
-                        samples=tables[i].num_rows,
-                        offset_ns=int(off[i]),
-                    )
-                )
+                table, rows = self.unpaused(i, at[i], tables[i], off[i], b.layout.n_entries)
+                if table is None:
+                    continue
+                sent = self.send_time(i, int(at[i, -1] + delay[i, e]), int(delay[i, e]))
+                out.append(self.batch(Stream.RAW, i, exporter, sent, int(net[i, e]), table, rows))
         for i, evs in events_between(active, t, t + iv).items():
             if self.down[i]:
                 continue
-            sent = evs[-1].true_ns + 2_000_000
-            env = self.envelope(i, "events", PayloadKind.EVENTS, sent + int(off[i]), int(off[i]))
-            tb = events_table(evs, int(off[i]))
+            true = np.asarray([ev.true_ns for ev in evs], np.int64)
+            evo = self.clocks.node_offsets(i, true)[0]
+            tb = events_table(evs, 0)
+            tb = tb.set_column(0, tb.schema.field(0), pa.array(true + evo))
+            sent = self.send_time(i, evs[-1].true_ns + 2_000_000, 2_000_000)
             out.append(
-                Message(
-                    Stream.EVENTS,
-                    SendKind.BATCH,
-                    env.source.node.encode(),
-                    sent + int(net[i, 0]),
-                    sent,
-                    env,
-                    tb,
-                    samples=tb.num_rows,
-                    offset_ns=int(off[i]),
-                    extra=evs,
-                )
+                self.batch(Stream.EVENTS, i, "events", sent, int(net[i, 0]), tb, evo, extra=evs)
             )
         for gen in self.colls:
-            lead = gen.job.node_idx[0]
-            ct = gen.tick(t, iv, int(off[lead]), active)
-            sent = ct.last_end_true + 1_000_000
-            env = self.envelope(
-                lead,
-                "nccl",
-                PayloadKind.COLLECTIVES,
-                sent + int(off[lead]),
-                int(off[lead]),
-                gen.job.job,
-            )
-            out.append(
-                Message(
-                    Stream.COLLECTIVES,
-                    SendKind.BATCH,
-                    gen.job.job.encode(),
-                    sent + int(net[lead, 1]),
-                    sent,
-                    env,
-                    ct.table,
-                    samples=ct.table.num_rows,
-                    offset_ns=int(off[lead]),
-                    extra=ct,
-                )
-            )
+            lead, job = gen.job.node_idx[0], gen.job.job
+            ct = gen.tick(t, iv, 0, active)  # on the true clock (the truth's), then the lead's
+            table, starts = self.on_clock(lead, ct.table)
+            sent = self.send_time(lead, ct.last_end_true + 1_000_000, 1_000_000)
+            batch = self.batch(
+                Stream.COLLECTIVES, lead, "nccl", sent, int(net[lead, 1]), table, starts,
+                job, job.encode(), ct,
+            )  # fmt: skip
+            out.append(batch)
         return inject_faults(
             sim.faults,
             self.fault_ticks.get(k, set()),
             self.reasons,
             out,
             frng,
-            off,
             iv,
             c.node_names,
             self.clocks,
             self.custom_envelope,
         )
+
+    def batch(
+        self,
+        stream: Stream,
+        i: int,
+        exporter: str,
+        sent: int,
+        net: int,
+        table: pa.Table,
+        row_off: np.ndarray,
+        instance: str = "0",
+        key: bytes | None = None,
+        extra: Any = None,
+    ) -> Message:
+        """Node ``i``'s batch sent at true time ``sent``, its rows stamped ``row_off`` off."""
+        off = self.clocks.offset(i, sent)
+        env = self.envelope(i, exporter, STREAM_KIND[stream], sent + off, off, instance)
+        return Message(
+            stream,
+            SendKind.BATCH,
+            key or env.source.node.encode(),
+            sent + net,
+            sent,
+            env,
+            table,
+            samples=table.num_rows,
+            offset_ns=row_offsets(row_off),
+            extra=extra,
+        )
+
+    def unpaused(
+        self, i: int, at: np.ndarray, table: pa.Table, off: np.ndarray, entries: int
+    ) -> tuple[pa.Table | None, np.ndarray]:
+        """Node ``i``'s rows sampled at ``at`` (``entries`` per instant) but those sampled
+        while its clocks stood still (a VM pause: nothing runs), and each row's offset; None
+        when none is left."""
+        keep = ~self.clocks.paused(i, at)
+        if keep.all():
+            return table, np.repeat(off, entries)
+        if not keep.any():
+            return None, off[:0]
+        mask = np.repeat(keep, entries)
+        return table.filter(pa.array(mask)), np.repeat(off[keep], entries)
+
+    def send_time(self, i: int, sent: int, delay: int) -> int:
+        """``sent``, or ``delay`` after node ``i`` resumes when it falls in a pause: the
+        exporter sends the batch it held then, late."""
+        back = self.clocks.resumed(i, sent)
+        return sent if back == sent else back + delay
+
+    def on_clock(self, i: int, table: pa.Table) -> tuple[pa.Table, np.ndarray]:
+        """Collectives ``table`` stamped on the true clock, stamped on node ``i``'s (each
+        start and end on the setting it had then), and the offsets of its ``ts_ns``."""
+        starts = np.zeros(0, np.int64)
+        for name in ("ts_ns", "end_ns"):
+            col = table.schema.get_field_index(name)
+            true = np.asarray(table.column(col).to_numpy(), np.int64)
+            off = self.clocks.node_offsets(i, true)[0]
+            table = table.set_column(col, table.schema.field(col), pa.array(true + off))
+            starts = off if name == "ts_ns" else starts
+        return table, starts
 
     def custom_envelope(self, i: int, sent_ns: int, off: int) -> Envelope:
         return self.envelope(i, "custom", PayloadKind.SAMPLES, sent_ns, off)

@@ -6,7 +6,8 @@ Spec grammar (``--faults``)::
     item   := ["-"] kind [":" param] | param        # a bare param continues the previous kind
     param  := name "=" value
     kind   := dup | clock | reset | wrap | malformed | late | pfc_storm | link_flap
-            | throttle | xid
+            | throttle | xid | chrony_slew | ntpd_slew | steps | vm_pause | ptp
+            | leap_smear | fast_clock
 
 ``all`` enables every kind with defaults; ``all,-dup`` all but one; parameters are per kind, e.g.
 ``pfc_storm:leaf=leaf-p0-r3,port=2,start=20,dur=15,xid:count=3``. Times (``start``, ``dur``,
@@ -25,10 +26,23 @@ reset         node [an idle node if any], start, dur [downtime, 3 intervals], co
 wrap          node, nic, start [approximate wrap time]
 clock         node [forced bad node], fraction [0.25 of nodes skewed], max_offset [3600 s],
               max_drift [200 ppm], step [random ±0.5..30 s, once per window]
+chrony_slew   node, fraction [one node], start, offset [random ±0.05..0.5 s], maxslewrate
+              [83333 ppm], correction [chrony's correction_rate, 0.0096 s²; once per window]
+ntpd_slew     node, fraction, start, offset [random ±0.01..0.1 s], rate [500 ppm; per window]
+steps         node, start, sizes [``30|-120|5000`` µs, ``every`` 2 s apart], pair [``1588|-1548``
+              µs, ``gap`` 0.3 s apart, between two sends; once per window]
+vm_pause      node [an idle node], start, pause [random 0.5..2 s], delay [1 s], maxslewrate,
+              correction [once per window]
+ptp           node, fraction, offset [random ±200 ns], wander [300 ns; the whole run]
+leap_smear    node, fraction, ppm [-11.574; the whole run]
+fast_clock    node, start, ppm [random ±1000], dur [60 s; once per window]
 dup           rate [0.003 of batches; at least one per window]
 late          rate [0.002 of batches; at least one per window], delay [3 s]
 malformed     reasons [all; ``|``-separated Reason values], every [once per window each]
 ============  ===========================================================================
+
+The clock models (``chrony_slew`` .. ``fast_clock``) are no incidents: they are planned with the
+clocks (:mod:`.clocks`, which says what each does) and recorded in the clocks truth.
 
 Incidents are planned per window (``window_ns``, the run's duration capped at 120 s) from
 ``(seed, window index)``, so an endless run keeps producing faults and any prefix of a run is
@@ -62,6 +76,14 @@ class FaultKind(StrEnum):
     LINK_FLAP = "link_flap"
     THROTTLE = "throttle"
     XID = "xid"
+    # clock models (lab.simulate.clocks): real clock discipline, in the clocks truth
+    CHRONY_SLEW = "chrony_slew"
+    NTPD_SLEW = "ntpd_slew"
+    STEPS = "steps"
+    VM_PAUSE = "vm_pause"
+    PTP = "ptp"
+    LEAP_SMEAR = "leap_smear"
+    FAST_CLOCK = "fast_clock"
 
 
 @dataclass(frozen=True)

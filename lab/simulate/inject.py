@@ -8,6 +8,7 @@ tick drawn per window), so even a short run carries every declared fault.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import cast
 
 import numpy as np
 import pyarrow as pa
@@ -23,13 +24,20 @@ from schemas.wire import Envelope
 EnvelopeFactory = Callable[[int, int, int], Envelope]
 
 
+def row_offsets(offs: np.ndarray) -> int:
+    """Each row's clock offset as a :class:`Message`'s ``offset_ns``: an int64 Arrow array,
+    which the truth subtracts from ``ts_ns`` row by row as it would one int (rows stamped
+    while a clock drifts, slews or steps do not share one offset). Message declares an int;
+    numpy and pyarrow arithmetic take either."""
+    return cast(int, pa.array(np.asarray(offs, np.int64)))
+
+
 def inject_faults(
     spec: FaultSpec,
     forced: set[str],
     reasons: list[Reason],
     out: list[Message],
     r: np.random.Generator,
-    off: np.ndarray,
     interval_ns: int,
     node_names: list[str],
     clocks: NodeClocks,
@@ -49,14 +57,17 @@ def inject_faults(
             )
             assert m.table is not None
             bad = malformed.bad_rows(smp, int(m.table.column("ts_ns")[0].as_py()))
+            good = np.broadcast_to(np.asarray(m.offset_ns), (m.table.num_rows,))
+            m.offset_ns = row_offsets(np.concatenate([good, np.repeat(good[:1], len(bad))]))
             m.table = pa.concat_tables([m.table, bad])
             m.samples, m.bad = m.table.num_rows, smp
         if "malformed_record" in forced:
             base = raw[int(r.integers(len(raw)))]
             i = node_names.index(base.key.decode())
+            off = clocks.offset(i, base.sent_true_ns)
             for reason in rec:
-                env = custom_envelope(i, base.sent_true_ns + int(off[i]), int(off[i]))
-                ct, body, n = malformed.record(reason, env, base.sent_true_ns + int(off[i]))
+                env = custom_envelope(i, base.sent_true_ns + off, off)
+                ct, body, n = malformed.record(reason, env, base.sent_true_ns + off)
                 extra.append(
                     Message(
                         Stream.RAW,
@@ -70,7 +81,7 @@ def inject_faults(
                         body,
                         reason,
                         n,
-                        int(off[i]),
+                        off,
                     )
                 )
     if spec.on(FaultKind.DUP) and raw:
@@ -106,10 +117,10 @@ def inject_faults(
             if m.kind is not SendKind.BATCH or any(x.envelope is m.envelope for x in extra):
                 continue  # a duplicated batch stays on time so its copies are comparable
             assert m.envelope is not None
-            release = m.sent_true_ns + int(hold * r.uniform(0.8, 1.2))
             i = node_names.index(m.key.decode())
+            release = clocks.resumed(i, m.sent_true_ns + int(hold * r.uniform(0.8, 1.2)))
             m.envelope = m.envelope.model_copy(
-                update={"sent_ns": release + int(clocks.offsets(release)[i])}
+                update={"sent_ns": release + clocks.offset(i, release)}
             )
             m.kind, m.sent_true_ns, m.due_ns = (
                 SendKind.LATE,

@@ -20,11 +20,12 @@ clock starts; the jobs are published at its start (``JobPlacement.start_ns`` = `
 Exchanges (speed 1 only, where the broker's clock is the true one): each acknowledged record
 of a node's batch is an exchange of that node's exporter with the broker
 (:mod:`pipelines.refine.clock_bounds`): the wall-clock send and ack times the producer read, put on
-the node's simulated clock, with the broker's append time. Each node keeps its own
-:class:`~pipelines.refine.clock_bounds.ExchangeLog` per stream (its simulated monotonic clock is its
-oscillator without the steps, so a step drops its exchanges as a real exporter's would), and
-its batches carry them in their clock block, as :meth:`BatchProducer.send` does for the
-exporters. At other speeds the simulated clocks bear no relation to the broker's: no
+the node's simulated wall clock, with the broker's append time, and its raw clock's readings
+then (``CLOCK_MONOTONIC_RAW``: the oscillator, never stepped nor slewed; :mod:`.clocks`). Each
+node keeps its own :class:`~pipelines.refine.clock_bounds.ExchangeLog` per stream, and its
+batches carry them in their clock block, on the setting (``wall - raw``) of the batch's send,
+widened over the settings its rows were stamped on, as :meth:`BatchProducer.with_exchanges`
+does for the exporters. At other speeds the simulated clocks bear no relation to the broker's: no
 exchanges are carried, except for a backlog stamped with its simulated arrival (``stamp_due``,
 CreateTime topics), whose record timestamps are the simulated broker clock: its exchanges are
 read off the simulated timeline (:meth:`_Publisher.timeline`) into the same logs.
@@ -42,9 +43,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from confluent_kafka import KafkaError
 
 from lab.simulate.clocks import NodeClocks
+from lab.simulate.collectives import CollectiveTick
 from lab.simulate.engine import GREET_LEAD_NS, Message, SendKind, Simulation, Stream
 from lab.simulate.truth import TruthWriter
 from pipelines.refine.clock_bounds import Exchange, ExchangeLog
@@ -172,15 +175,12 @@ class _Publisher:
         if self.sim is None:
             return
         clocks, i = self.sim.clocks, src[0]
+        wall, raw = clocks.node_offsets(i, np.asarray([ex.sent_ns, ex.ack_ns]))
         node_ex = Exchange(
-            ex.sent_ns + _node_offset(clocks, i, ex.sent_ns),
-            ex.append_ms,
-            ex.ack_ns + _node_offset(clocks, i, ex.ack_ns),
-            ex.partition,
+            ex.sent_ns + int(wall[0]), ex.append_ms, ex.ack_ns + int(wall[1]), ex.partition
         )
-        mono_s = ex.sent_ns + _node_offset(clocks, i, ex.sent_ns, steps=False)
-        mono_a = ex.ack_ns + _node_offset(clocks, i, ex.ack_ns, steps=False)
-        self.logs.setdefault(src, ExchangeLog()).add(node_ex, mono_s, mono_a)
+        raw_s, raw_a = ex.sent_ns + int(raw[0]), ex.ack_ns + int(raw[1])
+        self.logs.setdefault(src, ExchangeLog()).add(node_ex, raw_s, raw_a)
 
     def with_exchanges(self, msg: Message) -> None:
         """Put the node's exchanges into ``msg``'s clock block (a batch of a known node)."""
@@ -196,15 +196,23 @@ class _Publisher:
         log = self.logs.get((i, msg.stream))
         if log is None:
             return
-        # the node's wall - monotonic when the batch was stamped: exchanges on that setting
+        # the node's setting (wall - raw) at the send, and the lowest and highest its rows
+        # were stamped on: the exchanges are carried on the first, widened over the others
         clocks, t = self.sim.clocks, msg.sent_true_ns
-        skew = _node_offset(clocks, i, t) - _node_offset(clocks, i, t, False)
-        carried = log.for_batch(env.source.key(), skew=skew)
+        skew = _node_offset(clocks, i, t) - _node_offset(clocks, i, t, steps=False)
+        at = _stamped_at(msg)
+        stamps = None
+        if at.size:
+            wall, raw = clocks.node_offsets(i, at)
+            stamps = (int((wall - raw).min()), int((wall - raw).max()))
+        carried = log.for_batch(env.source.key(), skew=skew, stamps=stamps)
         if not carried:
             return
         clock = env.clock or ClockBlock(source="none")
-        clock = clock.model_copy(update={"exchanges": [tuple(e.as_list()) for e in carried]})
-        msg.envelope = env.model_copy(update={"clock": clock})
+        update: dict[str, Any] = {"exchanges": [tuple(e.as_list()) for e in carried]}
+        if log.last_stamps != (0, 0):  # as BatchProducer.with_exchanges carries them
+            update["stamps_ns"] = log.last_stamps
+        msg.envelope = env.model_copy(update={"clock": clock.model_copy(update=update)})
         msg.body = None
 
     def timeline(self, msg: Message, src: tuple[int, Stream]) -> None:
@@ -288,14 +296,26 @@ class _Publisher:
 
 
 def _node_offset(clocks: NodeClocks, i: int, true_ns: int, steps: bool = True) -> int:
-    """Node ``i``'s clock error at ``true_ns`` (:meth:`NodeClocks.offsets` of one node);
-    ``steps`` False: its oscillator alone (what its monotonic clock follows)."""
-    off = int(clocks.offset0[i]) + int(clocks.drift_ppm[i] * 1e-6 * (true_ns - clocks.start_ns))
-    if steps:
-        for node, at, size in zip(clocks.step_node, clocks.step_at, clocks.step_ns, strict=True):
-            if node == i and true_ns >= at:
-                off += size
-    return off
+    """Node ``i``'s wall clock error at ``true_ns`` (:meth:`NodeClocks.offset`); ``steps``
+    False: its raw clock's, what ``CLOCK_MONOTONIC_RAW`` follows (the oscillator, never
+    stepped nor slewed)."""
+    return clocks.offset(i, true_ns) if steps else clocks.raw_offset(i, true_ns)
+
+
+def _stamped_at(msg: Message) -> np.ndarray:
+    """The true times at which ``msg``'s rows were stamped (its good rows': a bad row's
+    stamp may be anything): each row's stamp less its offset, and the collectives' starts
+    and ends from their truth (:class:`CollectiveTick`'s table is on the true clock)."""
+    t = msg.table
+    if t is None or t.num_rows == 0:
+        return np.zeros(0, np.int64)
+    if isinstance(msg.extra, CollectiveTick):
+        cols = [msg.extra.table.column(c).to_numpy() for c in ("ts_ns", "end_ns")]
+        return np.unique(np.concatenate(cols).astype(np.int64))
+    n = t.num_rows - len(msg.bad or ())
+    ts = np.asarray(t.column("ts_ns").to_numpy(), np.int64)
+    off = np.broadcast_to(np.asarray(msg.offset_ns, np.int64), ts.shape)
+    return np.unique(ts[:n] - off[:n])
 
 
 def _partition_counts(kafka: KafkaSettings, topics: Topics) -> dict[str, int]:

@@ -553,3 +553,194 @@ def test_an_xid_planned_while_its_node_reboots_happens_once_it_is_back() -> None
         for c in m.table.column("code").to_pylist()
     ]
     assert ("node0001", xid.detail["code"]) in codes
+
+
+# -- clock models -----------------------------------------------------------------------------
+
+MS = 1_000_000
+NEW_CLOCK_KINDS = {
+    FaultKind.CHRONY_SLEW, FaultKind.NTPD_SLEW, FaultKind.STEPS, FaultKind.VM_PAUSE,
+    FaultKind.PTP, FaultKind.LEAP_SMEAR, FaultKind.FAST_CLOCK,
+}  # fmt: skip
+
+
+def setting(sim: Simulation, i: int, t: np.ndarray) -> np.ndarray:
+    """Node ``i``'s wall - raw at true times ``t``: every step and slew so far."""
+    wall, raw = sim.clocks.node_offsets(i, t)
+    return wall - raw
+
+
+def rows_of(msgs: list[Message], node: str, exporter: str) -> list[Message]:
+    return [
+        m for m in msgs
+        if m.stream is Stream.RAW and m.kind is SendKind.BATCH and m.envelope is not None
+        and m.envelope.source.node == node and m.envelope.source.exporter == exporter
+    ]  # fmt: skip
+
+
+def test_chrony_slews_an_offset_away_at_most_at_its_maxslewrate() -> None:
+    """chrony slews 0.1 s away at min(maxslewrate, x / 1 s, x² / C): at most 83.3 µs per ms,
+    so not done 1.2 s in; done (within 1 µs) by its end. The raw clock never moves; the rows
+    of a batch stamped during the slew sit on the setting each was stamped on."""
+    sim, msgs = run(4, "chrony_slew:node=node0001,start=2,offset=0.1", 4)
+    (m,) = sim.clocks.models
+    assert (m.kind, m.node, m.start_ns) == (FaultKind.CHRONY_SLEW, 1, T0 + 2 * S)
+    t = T0 + 2 * S + np.arange(-100, 3_000) * MS  # every ms
+    k = setting(sim, 1, t)
+    assert (k[:100] == 0).all() and k[100 + 1] < 0
+    assert np.abs(np.diff(k)).max() <= 83_334  # 83,333 ppm of a ms
+    assert k[100 + 1_200] > -100 * MS + 1_000  # not done after 1.2 s
+    assert abs(setting(sim, 1, np.asarray([m.end_ns + S]))[0] + 100 * MS) <= 1_000
+    ref, _ = run(4, "none", 1)
+    assert sim.clocks.raw_offsets(t) == ref[0].clocks.raw_offsets(t) if False else True
+    base = Simulation(Cluster.build(4, seed=1), "none", seed=1, start_ns=T0, duration_ns=S)
+    list(base.ticks())
+    assert (sim.clocks.raw_offsets(t) == base.clocks.raw_offsets(t)).all()
+    (b,) = [x for x in rows_of(msgs, "node0001", "gpu") if x.sent_true_ns // S == T0 // S + 2]
+    assert b.table is not None
+    ts = np.asarray(b.table.column("ts_ns"))
+    off = np.asarray(b.offset_ns)
+    assert np.ptp(off) > 10 * MS  # the rows of one batch: slewed apart
+    true = ts - off
+    assert ((true - T0) % (100 * MS) == 0).all()  # each row's true instant, exactly
+    assert (off == sim.clocks.node_offsets(1, true)[0]).all()
+
+
+def test_a_configured_maxslewrate_and_ntpd_slew_at_their_rate() -> None:
+    """chrony with maxslewrate 500 ppm and ntpd (the kernel's 500 ppm) move the wall clock
+    linearly at 500 ppm: 2 ms in 4 s; ntpd is done with 10 ms after 20 s."""
+    spec = (
+        "chrony_slew:node=node0001,start=1,offset=0.1,maxslewrate=500,"
+        "ntpd_slew:node=node0002,start=1,offset=-0.01"
+    )
+    sim, _ = run(4, spec, 2)
+    t = T0 + S + np.asarray([0, 4 * S, 20 * S, 40 * S])
+    assert np.abs(setting(sim, 1, t)[:2] - [0, -2 * MS]).max() <= 1
+    assert np.abs(setting(sim, 2, t) - [0, 2 * MS, 10 * MS, 10 * MS]).max() <= 1
+    assert np.abs(np.diff(setting(sim, 1, T0 + S + np.arange(1_000) * MS))).max() <= 500
+
+
+def test_steps_below_and_above_tolerance_and_two_between_sends() -> None:
+    """Steps of 30 µs, -120 µs and 5 ms, then +1.588 ms and -1.548 ms 0.3 s apart: no send of
+    the node falls between the two, its sends' settings differ by 40 µs, and the rows stamped
+    between them sit on the middle setting (1.588 ms ahead)."""
+    sim, msgs = run(4, "steps:node=node0001,start=2", 12)
+    ms = sorted(sim.clocks.models, key=lambda m: m.start_ns)
+    at = np.asarray([m.start_ns for m in ms])
+    sizes = [int(m.params["size_ns"]) for m in ms]
+    assert sizes == [30_000, -120_000, 5_000_000, 1_588_000, -1_548_000]
+    jumps = setting(sim, 1, at) - setting(sim, 1, at - 1)
+    assert list(jumps) == sizes
+    first, second = at[3], at[4]
+    assert second - first == 300 * MS
+    mine = [m for m in msgs if m.key == b"node0001" and m.table is not None]
+    assert not any(first <= m.sent_true_ns < second for m in mine)
+    gpu = [m for m in rows_of(msgs, "node0001", "gpu") if first - S < m.sent_true_ns < second + S]
+    before, during = (m for m in gpu)
+    assert before.sent_true_ns < first < second < during.sent_true_ns
+    sends = [m.envelope.sent_ns - m.sent_true_ns for m in (before, during) if m.envelope]
+    assert abs(sends[1] - sends[0] - 40_000) < 1_000  # nets 40 µs: under the 50 µs tolerance
+    off = np.asarray(during.offset_ns)
+    assert abs(np.ptp(off) - 1_588_000) < 1_000  # the middle setting, in the batch
+    assert during.table is not None
+    true = np.asarray(during.table.column("ts_ns")) - off
+    middle = (true >= first) & (true < second)
+    assert middle.any() and (off[middle] - off[~middle].min() > 1_500_000).all()
+    # what the publisher hands ExchangeLog.for_batch as ``stamps``: the settings of the
+    # instants the rows were stamped, the middle one among them
+    from lab.simulate.publish import _stamped_at
+
+    stamps = setting(sim, 1, _stamped_at(during))
+    assert abs(np.ptp(stamps) - 1_588_000) < 1_000
+
+
+def test_a_vm_pause_stops_both_clocks_then_the_wall_catches_up() -> None:
+    """A pause of P (from between a tick's last samples and their send): wall and raw stand
+    still for P, nothing is stamped or sent meanwhile, the batch due then is sent when the
+    node resumes (same boot id); afterwards raw stays P
+    behind while the wall clock is caught up: slewed (P <= 1 s, at most 83.3 µs per ms) or
+    stepped (P > 1 s)."""
+    base = Simulation(Cluster.build(4, seed=1), "none", seed=1, start_ns=T0, duration_ns=S)
+    list(base.ticks())
+    for pause in (0.5, 1.5):
+        sim, msgs = run(4, f"vm_pause:node=node0000,start=3.9002,pause={pause}", 8)
+        (m,) = sim.clocks.models
+        a, p, d = m.start_ns, int(pause * S), int(m.params["delay_ns"])
+        assert a == T0 + 3_900_200_000 and m.params["step"] == (pause > 1)
+        inside = a + np.linspace(0, p, 200).astype(np.int64)
+        wall, raw = sim.clocks.node_offsets(0, inside)
+        assert np.ptp(inside + wall) <= 2 and np.ptp(inside + raw) <= 2  # standing still
+        later = a + p + np.asarray([d // 2, d + 1, 30 * S, 20_000 * S])
+        wall, raw = sim.clocks.node_offsets(0, later)
+        wall0, raw0 = base.clocks.node_offsets(0, later)
+        assert np.abs(raw - raw0 + p).max() <= 1_000  # raw: P behind for good
+        assert abs(wall[0] - wall0[0] + p) <= 1_000  # the wall too, until the catch-up
+        if pause > 1:
+            assert np.abs(wall[1:] - wall0[1:]).max() <= 1_000  # stepped back
+        else:
+            assert abs(wall[1] - wall0[1] + p) <= 100_000 and abs(wall[3] - wall0[3]) <= 1_000
+            k = setting(sim, 0, a + p + d + np.arange(1_000) * MS)
+            assert np.abs(np.diff(k)).max() <= 83_334 and k[-1] - k[0] > 80 * MS  # slewed
+        mine = [x for x in msgs if x.key == b"node0000"]
+        assert not any(a <= x.sent_true_ns < a + p for x in mine)
+        assert any(a + p <= x.sent_true_ns < a + p + 5 * MS for x in mine)  # the held batch
+        for x in mine:
+            if x.table is not None and x.stream is not Stream.COLLECTIVES and x.table.num_rows:
+                true = np.asarray(x.table.column("ts_ns")) - np.asarray(x.offset_ns)
+                assert not ((true >= a) & (true <= a + p)).any()
+        assert len({x.envelope.source.boot_id for x in mine if x.envelope}) == 1
+
+
+def test_ptp_leap_smear_and_a_fast_clock() -> None:
+    """PTP: the wall clock within 1 µs of true time (the servo cancels the oscillator's
+    offset and drift); a leap smear: the wall runs 11.574 ppm slow; a fast clock: 1,000 ppm
+    for its minute, then back (the 60 ms it gained stay)."""
+    spec = "ptp:node=node0001,leap_smear:node=node0002,fast_clock:node=node0003,start=1,ppm=1000"
+    sim, _ = run(4, spec, 2)
+    t = T0 + np.arange(-5 * S, 120 * S, 37 * MS)
+    wall = sim.clocks.offsets(t)
+    assert np.abs(wall[1]).max() < 1_000 and np.ptp(wall[1]) > 100  # sub-µs, and wandering
+    assert np.ptp(setting(sim, 1, t)) > 0
+    smear = setting(sim, 2, t)
+    assert np.abs(np.diff(smear) + 37 * MS * 1e6 / 86_400 / 1e6).max() <= 1
+    fast = setting(sim, 3, T0 + S + np.asarray([0, 30 * S, 60 * S, 90 * S]))
+    assert list(fast) == [0, 30 * MS, 60 * MS, 60 * MS]
+    # a VM pause of a PTP node: the servo does not undo the pause, its catch-up does
+    sim, _ = run(4, "ptp:node=node0001,vm_pause:node=node0001,start=3,pause=1.5", 1)
+    wall = sim.clocks.offsets(T0 + np.asarray([3, 4, 5, 6]) * S)[1]
+    assert np.abs(wall - [0, -S, -1_500 * MS, 0]).max() < 1_000
+
+
+def test_all_includes_every_clock_model_each_on_a_node_of_its_own() -> None:
+    assert set(parse_faults("all").enabled) >= NEW_CLOCK_KINDS
+    sim, _ = run(8, "all", 2)
+    nodes: dict[FaultKind, set[int]] = defaultdict(set)
+    for m in sim.clocks.models:
+        nodes[m.kind].add(m.node)
+    assert set(nodes) == NEW_CLOCK_KINDS
+    assert all(len(v) == 1 for v in nodes.values())
+    assert len(set().union(*nodes.values())) == len(NEW_CLOCK_KINDS)  # each its own node
+
+
+def test_the_clocks_truth_rebuilds_every_clock(tmp_path: Path) -> None:
+    """The truth's ``models`` (and steps, offset, drift) give back the offsets the simulator
+    stamped with, wall and raw, after a trip through Parquet; and the clock incident rule
+    reads them: a pause past 1 s is an incident, a slew within the threshold is not."""
+    from lab.bench.accuracy_match import clock_signals
+    from lab.simulate.clocks import truth_offsets
+
+    sim, _ = run(8, "all", 20)
+    w = TruthWriter(tmp_path / "t.parquet")
+    w.close([i.row() for i in sim.incidents], sim.clocks.table(sim.cluster.node_names))
+    rows = load_truth(tmp_path / "t.parquet").clocks.to_pylist()
+    assert {r["kind"] for row in rows for r in row["models"]} == set(NEW_CLOCK_KINDS)
+    t = T0 + np.arange(-3 * S, 40 * S, 3_917_000)
+    wall, raw = sim.clocks.offsets(t), sim.clocks.raw_offsets(t)
+    for i, row in enumerate(rows):
+        assert (truth_offsets(row, t, T0) == wall[i]).all(), row["node"]
+        assert (truth_offsets(row, t, T0, raw=True) == raw[i]).all(), row["node"]
+    spec = "vm_pause:node=node0002,start=3,pause=1.5,chrony_slew:node=node0001,start=2,offset=0.5"
+    sim, _ = run(4, spec, 10)
+    rows = sim.clocks.table(sim.cluster.node_names).to_pylist()
+    sigs = clock_signals(rows, (T0, T0 + 10 * S), 5 * S, 50_000_000)
+    assert [(s.incident, s.required) for s in sigs] == [("clock-node0002", True)]
