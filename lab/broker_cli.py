@@ -7,13 +7,13 @@ CLI offers it where the lab is installed and never imports it.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from lab.broker import LocalKafka
+from services.cli_parts import print_json
 from services.settings import RefinerySettings
 
 
@@ -45,11 +45,6 @@ def add_parser(sub: Any) -> None:
         sp.set_defaults(handler=fn)
 
 
-def _print_json(obj: object) -> None:
-    json.dump(obj, sys.stdout, indent=2, default=str)
-    sys.stdout.write("\n")
-
-
 def _local_kafka(args: argparse.Namespace, settings: RefinerySettings) -> LocalKafka:
     data_dir = Path(args.data_dir) if args.data_dir else settings.home / "broker"
     return LocalKafka(data_dir, version=settings.kafka_version)
@@ -63,7 +58,7 @@ def cmd_broker_start(args: argparse.Namespace, settings: RefinerySettings) -> in
     )
     took = time.monotonic() - t0
     if args.json:
-        _print_json({**k.status(), "start_seconds": round(took, 2)})
+        print_json({**k.status(), "start_seconds": round(took, 2)})
     else:
         print(
             f"broker ready in {took:.1f}s: {len(state.nodes)} node(s), data in {k.data_dir}",
@@ -86,7 +81,7 @@ def cmd_broker_stop(args: argparse.Namespace, settings: RefinerySettings) -> int
 def cmd_broker_status(args: argparse.Namespace, settings: RefinerySettings) -> int:
     st = _local_kafka(args, settings).status()
     if args.json:
-        _print_json(st)
+        print_json(st)
     elif not st["running"]:
         print(f"not running (data dir {st['data_dir']})")
     else:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from importlib.metadata import EntryPoint, entry_points
@@ -20,6 +19,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from schemas.errors import BrokerError, ConfigError, RefineryError
+from services.cli_parts import one_line, print_json
 from services.heap import keep_arrow_pages
 from services.settings import RefinerySettings, load_settings
 
@@ -52,11 +52,6 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
-def _print_json(obj: object) -> None:
-    json.dump(obj, sys.stdout, indent=2, default=str)
-    sys.stdout.write("\n")
-
-
 # --- topics ------------------------------------------------------------------------------
 
 
@@ -66,7 +61,7 @@ def cmd_topics_apply(args: argparse.Namespace, settings: RefinerySettings) -> in
     specs = load_topic_specs(Path(args.spec) if args.spec else DEFAULT_SPEC, prefix=args.prefix)
     changes = apply_topics(settings.kafka().librdkafka(), specs)
     if args.json:
-        _print_json([c.__dict__ for c in changes])
+        print_json([c.__dict__ for c in changes])
     else:
         for c in changes:
             print(c)
@@ -80,7 +75,7 @@ def cmd_topics_list(args: argparse.Namespace, settings: RefinerySettings) -> int
 
     specs = load_topic_specs(Path(args.spec) if args.spec else DEFAULT_SPEC)
     if args.json:
-        _print_json([s.model_dump() for s in specs])
+        print_json([s.model_dump() for s in specs])
     else:
         for s in specs:
             print(f"{s.name:<24} {s.partitions:>3}p  key={s.key:<12} {s.what}")
@@ -129,17 +124,6 @@ def command_modules(offered: Iterable[EntryPoint] | None = None) -> list[ModuleT
             if e.name is None or not (ep.module == e.name or ep.module.startswith(e.name + ".")):
                 raise  # not the entry point's module (nor a package of it) that is missing
     return mods
-
-
-def one_line(e: ValidationError) -> str:
-    """A validation error on one line; a settings field is named by its environment variable."""
-    env = e.title.endswith("Settings")
-    parts = []
-    for err in e.errors():
-        loc = ".".join(str(x) for x in err["loc"])
-        name = f"REFINERY_{loc.upper()}" if env else loc or e.title
-        parts.append(f"{name}: {err['msg']} (got {err.get('input')!r})")
-    return "; ".join(parts)
 
 
 def _kafka_failure(e: BaseException) -> str | None:

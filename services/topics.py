@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from pipelines.detect.rule_config import DurationNs
+from schemas.durations import DurationNs
 from schemas.errors import ConfigError
 from schemas.ingest import Format
 from schemas.topics import TOPICS, Topics

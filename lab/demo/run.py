@@ -12,9 +12,7 @@ exit status.
 
 from __future__ import annotations
 
-import json
 import os
-import sys
 import time
 import uuid
 from collections.abc import Callable
@@ -31,6 +29,7 @@ from lab.demo.procs import (
     wait_until,
     worker_args,
 )
+from services.cli_parts import print_json
 from services.lake.datasets import TOPIC_DATASETS
 from services.settings import KafkaSettings, RefinerySettings
 
@@ -371,5 +370,4 @@ def _short(v: Any) -> str:
 
 
 def dump_json(summary: dict[str, Any]) -> None:
-    json.dump(summary, sys.stdout, indent=2, default=str)
-    sys.stdout.write("\n")
+    print_json(summary)

@@ -196,9 +196,19 @@ class _Publisher:
         log = self.logs.get((i, msg.stream))
         if log is None:
             return
+        clocks, t = self.sim.clocks, msg.sent_true_ns
+        if self.partitions is None:
+            # at speed 1 an exporter reads its send time just before produce(), as
+            # BatchProducer's callers do: now, not when the batch was due (a publisher
+            # falling behind would otherwise look like a record that waited, which the
+            # worker's bound must take for a paused machine)
+            now = time.time_ns()
+            if now > t and not bool(clocks.paused(i, np.asarray([now]))[0]):
+                t = now  # (a node paused now stands still: its batch keeps its stamp)
+                env = env.model_copy(update={"sent_ns": t + _node_offset(clocks, i, t)})
+                msg.envelope, msg.body = env, None
         # the node's setting (wall - raw) at the send, and the lowest and highest its rows
         # were stamped on: the exchanges are carried on the first, widened over the others
-        clocks, t = self.sim.clocks, msg.sent_true_ns
         skew = _node_offset(clocks, i, t) - _node_offset(clocks, i, t, steps=False)
         at = _stamped_at(msg)
         stamps = None

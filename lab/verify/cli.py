@@ -6,12 +6,11 @@ bound-tightness goal is printed and listed but exits 0 unless ``--strict-bounds`
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 from pathlib import Path
 from typing import Any
 
 from schemas.errors import ConfigError
+from services.cli_parts import print_json
 from services.settings import RefinerySettings
 
 
@@ -59,8 +58,7 @@ def run(args: argparse.Namespace, settings: RefinerySettings) -> int:
         first = str(e).splitlines()[0]
         raise ConfigError(f"--lake {lake}: not a lake of every dataset: {first}") from e
     if args.json:
-        json.dump(v.as_dict(), sys.stdout, indent=2, default=str)
-        sys.stdout.write("\n")
+        print_json(v.as_dict())
     else:
         print(render(v))
     return 0 if v.ok else 1

@@ -32,34 +32,15 @@ from __future__ import annotations
 import re
 import string
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from schemas.catalog import Catalog, Kind
+from schemas.durations import DurationNs
 from schemas.errors import ConfigError
 from schemas.records import Severity
-
-_DUR = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(ns|us|ms|s|m|h)?\s*$")
-_UNIT_NS = {"ns": 1, "us": 1e3, "ms": 1e6, "s": 1e9, "m": 60e9, "h": 3600e9}
-
-
-def parse_duration_ns(v: Any) -> int:
-    """``30`` / ``"30s"`` / ``"500ms"`` / ``"5m"`` → nanoseconds."""
-    if isinstance(v, bool):
-        raise ValueError("expected a duration like 30s, 5m or a number of seconds")
-    if isinstance(v, int | float):
-        if v < 0:
-            raise ValueError("a duration cannot be negative")
-        return int(v * 1e9)
-    m = _DUR.match(str(v))
-    if not m:
-        raise ValueError(f"expected a duration like 30s, 5m or 500ms, got {v!r}")
-    return int(float(m.group(1)) * _UNIT_NS[m.group(2) or "s"])
-
-
-DurationNs = Annotated[int, BeforeValidator(parse_duration_ns)]
 
 WHERE_COLUMNS = frozenset(
     {"node", "device", "rack", "pod", "leaf", "leaf_port", "spine", "rail", "nic", "gpu"}

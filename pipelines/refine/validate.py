@@ -308,6 +308,28 @@ def _rejected(
     return any_bad, rejected
 
 
+DETAIL_MAX = 1024  # a dead letter's detail (schemas.records.DeadLetter)
+
+
+def named_within(prefix: str, names: list[str], limit: int = DETAIL_MAX) -> str:
+    """``prefix`` and every one of ``names``, or as many as fit within ``limit`` characters
+    followed by how many more there are: never a silent cut.
+
+    >>> named_within("m: ", ["alpha", "beta", "gamma"], limit=20)
+    'm: alpha and 2 more'
+    """
+    out = prefix + ", ".join(names)
+    if len(out) <= limit:
+        return out
+    shown: list[str] = []
+    for i, name in enumerate(names):
+        tail = f" and {len(names) - i - 1} more"
+        if len(prefix) + len(", ".join([*shown, name])) + len(tail) > limit:
+            break
+        shown.append(name)
+    return f"{prefix}{', '.join(shown)} and {len(names) - len(shown)} more"
+
+
 def _optional(table: pa.Table, name: str, typ: pa.DataType) -> Array:
     if name in table.column_names:
         return column(table, name)
@@ -320,15 +342,16 @@ def reject_detail(
     """A short human-readable detail for the ``rows`` of ``table`` rejected for ``reason``
     (bounded length)."""
     if reason is Reason.UNKNOWN_METRIC:
-        names = pc.unique(pc.take(column(table, "metric"), rows)).to_pylist()[:5]
-        return f"metrics not in the catalog: {', '.join(repr(s)[:64] for s in names)}"[:1024]
+        names = sorted(pc.unique(pc.take(column(table, "metric"), rows)).to_pylist())
+        return named_within("metrics not in the catalog: ", [repr(s)[:64] for s in names])
     if reason is Reason.BAD_DEVICE:
         return f"device empty or longer than {lim.max_device_len} characters"
     if reason is Reason.TIMESTAMP_OUT_OF_WINDOW:
         return f"ts_ns outside [{now - lim.past_ns}, {now + lim.future_ns}]"
     if reason is Reason.WRONG_KIND:
-        names = pc.unique(pc.take(column(table, "metric"), rows)).to_pylist()[:5]
-        return f"no usable reading for the metric kind (negative counter or no raw): {names}"[:1024]
+        names = sorted(pc.unique(pc.take(column(table, "metric"), rows)).to_pylist())
+        prefix = "no usable reading for the metric kind (negative counter or no raw): "
+        return named_within(prefix, [repr(s)[:64] for s in names])
     if reason is Reason.NON_FINITE:
         return "value is NaN or infinite"
     return "value outside the catalog's valid range or counter width"

@@ -2,7 +2,7 @@
 row work runs once over all their rows.
 
 A wave holds *units*: a unit is one stream's batches in the wave: one batch, or the batches
-of many records of one source decoded together (:class:`~pipelines.refine.batch.Joined`:
+of many records of one source decoded together (:class:`~pipelines.refine.types.Joined`:
 an ingest topic's one-metric messages). The per-record steps that are cheap in Python
 (transport seq, clock estimate) run per batch in order, and each batch keeps its own
 position, seq, clock estimate and accounting; the per-stream steps (validation layout,
@@ -15,7 +15,7 @@ moved, its counters continue theirs.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 import numpy as np
 import pyarrow as pa
@@ -28,16 +28,18 @@ from pipelines.refine.counters import CounterLayout, CounterPart, CounterState, 
 from pipelines.refine.decode import StateDecoder
 from pipelines.refine.dedupe import OverlapState, SeqOutcome, SeqWindow, drop_overlaps
 from pipelines.refine.enrich import TopologyIndex
+from pipelines.refine.types import (
+    DUPLICATE,
+    REFINED,
+    RawBatch,
+    RefineResult,
+    RefineSettings,
+    RefineState,
+)
 from pipelines.refine.validate import LayoutCache, RejectedRows, reject_detail, validate_samples
 from schemas.catalog import Catalog
 from schemas.records import REFINED_SCHEMA
 from schemas.wire import SourceId
-
-if TYPE_CHECKING:
-    from pipelines.refine.batch import RawBatch, RefineResult, RefineSettings, RefineState
-
-REFINED = "refined"
-DUPLICATE = "duplicate"
 
 
 @dataclass
@@ -90,8 +92,6 @@ def refine_wave(
     settings: RefineSettings,
 ) -> list[RefineResult]:
     """The results of the wave's batches (``wave``: its units' batches), in order."""
-    from pipelines.refine.batch import RefineResult
-
     out: list[RefineResult | None] = [None] * sum(len(u) for u in wave)
     units = _observe(wave, state, settings, out)
     if not units:
@@ -158,8 +158,6 @@ def _observe(
     node's units next to each other, each node's in wave order: its rows then form one run
     of the refined table; every step is per stream or per node in order, so the results are
     those of the wave's own order)."""
-    from pipelines.refine.batch import RefineResult
-
     units: list[_Unit] = []
     i = 0
     for batches in wave:
@@ -179,8 +177,8 @@ def _observe(
                 if clock is None:
                     clock = state.clocks[src.stream_key()] = ClockEstimator(settings.clock)
                 arrival = item.log_append_ns if item.log_append else None
-                delay = settings.send_delay_max_ns.get(item.topic) if item.topic else None
-                est = clock.observe(env.sent_ns, arrival, env.clock, item.position[0], delay)
+                declared = settings.declared.get(item.topic) if item.topic else None
+                est = clock.observe(env.sent_ns, arrival, env.clock, item.position[0], declared)
                 live.append(_Member(i, item, seq_outcome, est, n))
             i += 1
         if live:

@@ -38,6 +38,7 @@ builds them and wires them to the Faust app.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,6 +55,8 @@ from services.kafka.group import credentials
 from services.kafka.outputs import OutputProducer
 from services.settings import KafkaSettings
 from services.telemetry import ServiceTelemetry
+
+log = logging.getLogger(__name__)
 
 __all__ = ["DetectApp", "DetectConfig", "build_detect_app"]
 
@@ -88,7 +91,13 @@ def build_detect_app(
         await runner.run(stream)
 
     async def start_feed() -> None:
+        log.info("detect: subscribed to %s as group %s", ", ".join(topics.inputs), cfg.group)
         feed.start()
+
+    async def assigned(partitions: set[Any]) -> None:
+        shown = ", ".join(sorted(f"{tp.topic}:{tp.partition}" for tp in partitions))
+        log.info("detect: group %s assigned %s", cfg.group, shown or "no partitions")
+        await runner.assigned(partitions)
 
     topic = app.topic(
         *topics.inputs,
@@ -98,7 +107,7 @@ def build_detect_app(
         value_serializer="raw",
     )
     app.agent(topic, supervisor_strategy=CrashingSupervisor)(detect)
-    hooks.on_assigned(app, runner.assigned)
+    hooks.on_assigned(app, assigned)
     hooks.add_task(app, start_feed)
     hooks.add_timer(app, cfg.tick_s, runner.tick)
     hooks.on_stopping(app, runner.stopping)

@@ -26,25 +26,15 @@ from typing import Any
 import pyarrow as pa
 
 from schemas.catalog import default_catalog
+from schemas.durations import parse_duration_s
 from schemas.errors import ConfigError
 from schemas.topics import TOPICS
 from schemas.wire import ClockBlock, Envelope, PayloadKind, SourceId
+from services.cli_parts import command_group
 from services.exporters.refused import Refusals
 from services.kafka.producer import initial_seq
 from services.settings import RefinerySettings
 from services.telemetry import ServiceTelemetry
-from services.topology.cli import command_group
-
-_DURATION_RE = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h)?$")
-
-
-def parse_duration(text: str) -> float:
-    """``500ms``, ``1s``, ``2m``, ``1h``, ``5`` (seconds) → seconds; ConfigError otherwise."""
-    m = _DURATION_RE.match(text.strip())
-    if m is None:
-        raise ConfigError(f"not a duration: {text!r} (e.g. 500ms, 1s, 2m)")
-    scale = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}[m.group(2) or "s"]
-    return float(m.group(1)) * scale
 
 
 def safe_name(text: str) -> str:
@@ -198,7 +188,7 @@ def _sources(args: argparse.Namespace) -> list[Any]:
 def cmd_export_firmware(args: argparse.Namespace, settings: RefinerySettings) -> int:
     from services.exporters.firmware import FirmwareExporter
 
-    interval = parse_duration(args.interval)
+    interval = parse_duration_s(args.interval, positive=True, name="--interval")
     if args.redfish and not (args.redfish_ca or args.insecure or args.redfish.startswith("http:")):
         print("export firmware: verifying the BMC with the system CA store", file=sys.stderr)
     exporter = FirmwareExporter(_sources(args))

@@ -10,17 +10,17 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from schemas.durations import parse_duration_s
 from schemas.topics import TOPICS
 from schemas.wire import PayloadKind, SourceId
-from services.exporters.firmware_cli import BatchSink, local_identity, parse_duration, safe_name
+from services.cli_parts import command_group, print_json
+from services.exporters.firmware_cli import BatchSink, local_identity, safe_name
 from services.settings import RefinerySettings
-from services.topology.cli import command_group
 
 
 def _inspector_job(directory: Path) -> str:
@@ -35,7 +35,7 @@ def cmd_export_nccl(args: argparse.Namespace, settings: RefinerySettings) -> int
     directory = Path(args.inspector_dir)
     job = args.job or _inspector_job(directory)
     src = InspectorDirSource(directory, job)
-    interval = parse_duration(args.interval)
+    interval = parse_duration_s(args.interval, positive=True, name="--interval")
     node, boot = local_identity()
     sink = BatchSink(
         settings,
@@ -96,8 +96,7 @@ def cmd_import_nccl_tests(args: argparse.Namespace, settings: RefinerySettings) 
             }
         )
     if args.json:
-        json.dump(summaries, sys.stdout if not args.stdout else sys.stderr, indent=2)
-        (sys.stdout if not args.stdout else sys.stderr).write("\n")
+        print_json(summaries, file=sys.stdout if not args.stdout else sys.stderr)
     else:
         for s in summaries:
             print(

@@ -18,7 +18,6 @@
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 import time
 from pathlib import Path
@@ -26,38 +25,19 @@ from typing import Any
 
 from schemas.catalog import default_catalog
 from schemas.codec import ARROW, JSON, encode
+from schemas.durations import parse_duration_s
 from schemas.errors import ConfigError, RefineryError
 from schemas.topics import TOPICS
+from services.cli_parts import command_group
 from services.exporters.netdev import NetdevFacts, boot_time_ns
 from services.exporters.node import NodeCollector, node_source
 from services.exporters.refused import Refusals
 from services.settings import RefinerySettings
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
-_UNIT_S = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
-
-
-def parse_duration(text: str) -> float:
-    """``1s``, ``500ms``, ``2m``, ``1.5`` (seconds) → seconds; ConfigError if malformed or 0."""
-    m = _DURATION.match(text)
-    if m is None or float(m.group(1)) <= 0:
-        raise ConfigError(f"--interval {text!r}: expected a positive duration like 1s or 500ms")
-    return float(m.group(1)) * _UNIT_S[m.group(2) or "s"]
-
-
-def _command_group(sub: Any, name: str, help_text: str) -> Any:
-    parser = sub.choices.get(name) or sub.add_parser(name, help=help_text)
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            return action
-    group = parser.add_subparsers(dest="action", metavar="ACTION", parser_class=type(parser))
-    group.required = True
-    return group
-
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``export node`` (creating the ``export`` group if no other module has)."""
-    group = _command_group(subparsers, "export", "run an exporter on this node")
+    group = command_group(subparsers, "export", "run an exporter on this node")
     p = group.add_parser("node", help="procfs, sysfs (IB/RoCE, net, PCIe, thermal), NVML, chrony")
     p.add_argument("--interval", default="1s", help="scrape interval (default 1s)")
     p.add_argument("--once", action="store_true", help="scrape once and exit")
@@ -85,7 +65,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 def cmd_export_node(args: argparse.Namespace, settings: RefinerySettings) -> int:
     """Run the exporter; returns the exit code. May block for as long as it runs."""
-    interval_s = parse_duration(args.interval)
+    interval_s = parse_duration_s(args.interval, positive=True, name="--interval")
     procfs, sysfs = Path(args.procfs), Path(args.sysfs)
     if not procfs.is_dir():
         raise ConfigError(f"--procfs {procfs}: not a directory")

@@ -36,13 +36,14 @@ import pyarrow.compute as pc
 
 from schemas.catalog import default_catalog
 from schemas.codec import ARROW, JSON, encode
+from schemas.durations import parse_duration_s
 from schemas.errors import ConfigError, RejectedInput
 from schemas.ingest.assemble import Position, assemble
 from schemas.ingest.mapping import default_mapping
 from schemas.ingest.prom import decode_prometheus
 from schemas.topics import TOPICS
 from schemas.wire import Envelope, SourceId
-from services.exporters.node_cli import parse_duration
+from services.cli_parts import command_group
 from services.settings import RefinerySettings
 
 ACCEPT = "text/plain;version=0.0.4;q=0.9,application/openmetrics-text;version=1.0.0;q=0.5"
@@ -110,9 +111,7 @@ def scrape_batch(
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``export scrape`` in the ``export`` group."""
-    from services.exporters.node_cli import _command_group
-
-    group = _command_group(subparsers, "export", "run an exporter on this node")
+    group = command_group(subparsers, "export", "run an exporter on this node")
     p = group.add_parser(
         "scrape", help="scrape Prometheus endpoints (dcgm-exporter, node_exporter)"
     )
@@ -163,7 +162,7 @@ def _stop(signum: int, frame: object) -> None:
 
 def cmd_export_scrape(args: argparse.Namespace, settings: RefinerySettings) -> int:
     """Scrape every ``--interval`` until interrupted (or once); returns the exit code."""
-    interval_s = parse_duration(args.interval)
+    interval_s = parse_duration_s(args.interval, positive=True, name="--interval")
     targets = [target_of(u, args.node) for u in args.target]
     producer: Any = None
     if not args.stdout:

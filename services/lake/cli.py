@@ -18,6 +18,7 @@ from typing import Any
 import duckdb
 
 from schemas.errors import RefineryError
+from services.cli_parts import one_line, print_json
 from services.heap import keep_heap
 from services.lake import sqlload
 from services.lake.compact import CompactionReport, Compactor
@@ -119,18 +120,13 @@ def _connect(settings: RefinerySettings) -> duckdb.DuckDBPyConnection:
     return sqlload.connect(settings.lake)
 
 
-def _one_line(e: Exception) -> str:
-    return " ".join(str(e).split())
-
-
 def _emit(cur: duckdb.DuckDBPyConnection, fmt: str) -> None:
     if cur.description is None:
         return
     names = [d[0] for d in cur.description]
     rows = cur.fetchall()
     if fmt == "json":
-        json.dump([dict(zip(names, r, strict=True)) for r in rows], sys.stdout, default=str)
-        sys.stdout.write("\n")
+        print_json([dict(zip(names, r, strict=True)) for r in rows], indent=None)
     elif fmt == "csv":
         w = csv.writer(sys.stdout)
         w.writerow(names)
@@ -154,7 +150,7 @@ def cmd_sql(args: argparse.Namespace, settings: RefinerySettings) -> int:
         try:
             _emit(con.execute(args.command), _fmt(args))
         except duckdb.Error as e:
-            print(f"refinery: {_one_line(e)}", file=sys.stderr)
+            print(f"refinery: {one_line(e)}", file=sys.stderr)
             return 1
         return 0
     interactive = sys.stdin.isatty()
@@ -175,7 +171,7 @@ def cmd_sql(args: argparse.Namespace, settings: RefinerySettings) -> int:
             sqlload.refresh(con)
             _emit(con.execute(stmt), _fmt(args))
         except duckdb.Error as e:
-            print(f"refinery: {_one_line(e)}", file=sys.stderr)
+            print(f"refinery: {one_line(e)}", file=sys.stderr)
             status = 1
             if not interactive:
                 return 1
@@ -199,7 +195,7 @@ def cmd_query(args: argparse.Namespace, settings: RefinerySettings) -> int:
     try:
         _emit(sqlload.run_query(con, args.name, params), _fmt(args))
     except duckdb.Error as e:
-        print(f"refinery: {_one_line(e)}", file=sys.stderr)
+        print(f"refinery: {one_line(e)}", file=sys.stderr)
         return 1
     return 0
 

@@ -115,6 +115,8 @@ class LandingService:
     # --- assignment -----------------------------------------------------------------------
 
     def _on_assign(self, consumer: Any, partitions: list[TopicPartition]) -> None:
+        shown = ", ".join(sorted(f"{p.topic}:{p.partition}" for p in partitions))
+        log.info("land: group %s assigned %s", self.conf.get("group.id"), shown or "no partitions")
         committed = {(p.topic, p.partition): p.offset for p in consumer.committed(partitions, 30)}
         by_ds: dict[str, set[int]] = {}
         for p in partitions:
@@ -168,6 +170,8 @@ class LandingService:
         consumer = Consumer(self.conf)
         self._consumer = consumer
         consumer.subscribe(list(self.topics), on_assign=self._on_assign, on_revoke=self._on_revoke)
+        log.info("land: subscribed to %s as group %s", ", ".join(sorted(self.topics)),
+                 self.conf.get("group.id"))  # fmt: skip
         last_msg = time.monotonic()
         next_compact = time.monotonic() + self.compact_every_s
         try:

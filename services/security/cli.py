@@ -8,11 +8,11 @@ and prints one line per change (``add``/``remove``); a second run prints nothing
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any
 
+from services.cli_parts import print_json
 from services.settings import RefinerySettings
 
 
@@ -22,8 +22,7 @@ def cmd_apply(args: argparse.Namespace, settings: RefinerySettings) -> int:
     spec = load_acl_spec(Path(args.spec) if args.spec else DEFAULT_SPEC)
     changes = apply_acls(settings.kafka().librdkafka(), spec)
     if args.json:
-        json.dump([c.as_dict() for c in changes], sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        print_json([c.as_dict() for c in changes])
     else:
         for c in changes:
             print(c)
@@ -37,8 +36,7 @@ def cmd_list(args: argparse.Namespace, settings: RefinerySettings) -> int:
 
     spec = load_acl_spec(Path(args.spec) if args.spec else DEFAULT_SPEC)
     if args.json:
-        json.dump([a.__dict__ for a in spec], sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        print_json([a.__dict__ for a in spec])
     else:
         for a in spec:
             print(a)

@@ -14,7 +14,6 @@ published.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Iterable
 from pathlib import Path
@@ -24,20 +23,9 @@ from pydantic import BaseModel
 
 from schemas.errors import TransientError
 from schemas.topics import TOPICS
+from services.cli_parts import command_group, print_json
 from services.settings import KafkaSettings, RefinerySettings
 from services.topology.topofile import TopologyImport, dump_document, parse_time_ns
-
-
-def command_group(sub: Any, name: str, help_text: str) -> Any:
-    """The sub-command group ``name`` (e.g. ``export``), created on first use, so that several
-    modules can each add their commands under it."""
-    parser = sub.choices.get(name) or sub.add_parser(name, help=help_text)
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            return action
-    group = parser.add_subparsers(dest="action", metavar="ACTION", parser_class=type(parser))
-    group.required = True
-    return group
 
 
 def publish(
@@ -93,16 +81,14 @@ def _emit(
 ) -> None:
     if args.stdout:
         if args.json and document is not None:
-            json.dump(document, sys.stdout, indent=2)
-            sys.stdout.write("\n")
+            print_json(document)
         else:
             for _, model in items:
                 sys.stdout.write(model.model_dump_json() + "\n")
         return
     n = publish(settings.kafka(), topic, ((k, m.model_dump_json()) for k, m in items))
     if args.json:
-        json.dump({"topic": topic, "published": n}, sys.stdout)
-        sys.stdout.write("\n")
+        print_json({"topic": topic, "published": n}, indent=None)
     else:
         print(f"published {n} record(s) to {topic}", file=sys.stderr)
 

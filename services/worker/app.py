@@ -57,6 +57,7 @@ from services.worker.checkpoints import Checkpoints, Lane
 from services.worker.config import InputTopics, WorkerConfig
 from services.worker.gaps import GapGuard
 from services.worker.groups import GroupRunner
+from services.worker.guard import DeadLetterStep
 from services.worker.health import WorkerWatch
 from services.worker.refiner import Refiner
 
@@ -95,8 +96,9 @@ def build_app(
         cat, cfg.outputs, view.index, _loader(streams), _loader(nodes), cfg.refine, ingest
     )
     aligner = Refiner(cat, cfg.outputs, view.index, _loader(aligned), lambda _: None, cfg.refine)
-    refine = Lane(refiner, streams, nodes, Checkpoints(cfg.checkpoint_every_s))
-    align = Lane(aligner, aligned, None, Checkpoints(cfg.checkpoint_every_s))
+    every_s, limit = cfg.checkpoint_every_s, cfg.dead_letters
+    refine = Lane(refiner, streams, nodes, Checkpoints(every_s), DeadLetterStep(limit))
+    align = Lane(aligner, aligned, None, Checkpoints(every_s), DeadLetterStep(limit))
     commits = CommitWatch(kafka.librdkafka(), cfg.app_id)  # the group's committed offsets
     guard = GapGuard(app, kafka.librdkafka(), commits, telemetry, cfg.stall_after_s)
     outputs = OutputProducer(kafka, cfg.app_id)
@@ -113,11 +115,18 @@ def build_app(
             raise RuntimeError(f"topology feed failed: {feed.error}")
         log.info("topology feed %s", "caught up" if caught else "not caught up after 60 s")
 
-    async def assigned(_partitions: set[Any]) -> None:
+    async def subscribed() -> None:
+        log.info("worker: subscribed to %s as group %s", ", ".join(sorted(cfg.inputs.refined())),
+                 cfg.app_id)  # fmt: skip
+
+    async def assigned(partitions: set[Any]) -> None:
+        shown = ", ".join(sorted(f"{tp.topic}:{tp.partition}" for tp in partitions))
+        log.info("worker: group %s assigned %s", cfg.app_id, shown or "no partitions")
         commits.restart()
 
     hooks.on_revoked(app, runner.revoked)
     hooks.on_assigned(app, assigned)
+    hooks.add_task(app, subscribed)
     hooks.add_task(app, start_feed)
     hooks.add_timer(app, max(cfg.checkpoint_every_s, 0.1), runner.checkpoint_paused)
     hooks.add_timer(app, 5.0, watch.watch)

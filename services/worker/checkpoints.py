@@ -13,6 +13,7 @@ from typing import Any
 
 from services.kafka.internals import set_without_changelog
 from services.kafka.outputs import OutMessage
+from services.worker.guard import DeadLetterStep
 from services.worker.refiner import Refiner
 
 
@@ -64,12 +65,13 @@ class Checkpoints:
 @dataclass
 class Lane:
     """One agent's refining: its refiner, the tables its state is written to (the node table
-    only for raw input) and its checkpoints."""
+    only for raw input), its checkpoints and its dead-letter limit."""
 
     proc: Refiner
     streams: Any  # faust Table: stream -> state
     nodes: Any | None  # faust Table: node -> state
     cp: Checkpoints
+    dead_letters: DeadLetterStep
 
     def take(self) -> list[OutMessage]:
         return self.cp.take(self.proc, self.streams, self.nodes)

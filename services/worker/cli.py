@@ -88,6 +88,21 @@ def add_parser(sub: Any) -> None:
         "in between are committed with the next checkpoint, and a crash replays up to this "
         "much more input (0: every group)",
     )
+    p.add_argument(
+        "--max-deadletter-share",
+        type=_share,
+        default=0.5,
+        help="stop the worker (exit 1, nothing committed past what it refined) when more than "
+        "this share of an agent's last --deadletter-window records were dead-lettered: a bad "
+        "deploy, not bad input (default 0.5; 1: never)",
+    )
+    p.add_argument(
+        "--deadletter-window",
+        type=_records,
+        default=1000,
+        help="how many of an agent's last records --max-deadletter-share is judged on "
+        "(default 1000)",
+    )
     p.add_argument("--loglevel", default="warning")
     p.set_defaults(handler=run)
 
@@ -110,6 +125,18 @@ def _number(unit: str, short: str, lo: float, hi: float) -> Callable[[str], floa
 _within_ms = _number("milliseconds", "ms", 1.0, 10_000.0)
 _drift_ppm = _number("ppm", "ppm", 1.0, 10_000.0)
 _checkpoint_ms = _number("milliseconds", "ms", 0.0, 10_000.0)
+_share = _number("a share of records", "of the records", 0.01, 1.0)
+
+
+def _records(text: str) -> int:
+    """An argparse type: a number of records from 1 to 10,000,000, else one line saying so."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of records") from None
+    if not 1 <= n <= 10_000_000:
+        raise argparse.ArgumentTypeError(f"{text} records: expected 1 to 10000000")
+    return n
 
 
 def _partitions(conf: dict[str, Any], topic: str, default: int) -> int:
@@ -215,13 +242,14 @@ def _shape(conf: dict[str, Any], topic: str, default: tuple[int, int]) -> tuple[
 
 
 def run(args: argparse.Namespace, settings: RefinerySettings) -> int:
-    from pipelines.refine.batch import RefineSettings
     from pipelines.refine.clock import ClockSettings
+    from pipelines.refine.types import RefineSettings
     from services.cli_ports import require_free_port
     from services.kafka.group import run_worker
     from services.kafka.log import require_cluster
     from services.telemetry import ServiceTelemetry
     from services.worker.app import InputTopics, WorkerConfig, build_app
+    from services.worker.guard import DeadLetterLimit
     from services.worker.preflight import check_partitions
     from services.worker.refiner import OutputTopics
 
@@ -261,6 +289,7 @@ def run(args: argparse.Namespace, settings: RefinerySettings) -> int:
         web_host=args.web_host,
         take_within_s=args.take_within_ms / 1000,
         checkpoint_every_s=args.checkpoint_ms / 1000,
+        dead_letters=DeadLetterLimit(args.max_deadletter_share, args.deadletter_window),
         refine=RefineSettings(
             seq_window=512,
             clock=ClockSettings(

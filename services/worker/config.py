@@ -5,9 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipelines.refine.batch import RefineSettings
+from pipelines.refine.types import RefineSettings
 from schemas.topics import TOPICS
-from services.worker.refiner import OutputTopics
+from services.worker.guard import DeadLetterLimit
+from services.worker.refiner_outputs import OutputTopics
 
 
 @dataclass(frozen=True)
@@ -50,3 +51,5 @@ class WorkerConfig:
     stall_after_s: float = 30.0
     gc_settle_every_s: float = 600.0  # full garbage collections on this schedule (GcPacer)
     refine: RefineSettings = field(default_factory=lambda: RefineSettings(seq_window=512))
+    # more of an agent's last records dead-lettered than this stops the worker (a bad deploy)
+    dead_letters: DeadLetterLimit = field(default_factory=DeadLetterLimit)

@@ -119,6 +119,9 @@ class GroupRunner:
             chunk, recs = await self.guard.with_skipped(events[lo : lo + step])
             pending: list[OutMessage] = []
             for ev, rec, out in zip(chunk, recs, lane.proc.process_group(recs, now), strict=True):
+                # past the dead-letter limit this raises: the chunk's outputs are never sent,
+                # the group never acked, the worker stops
+                lane.dead_letters.submit(out, rec)
                 tally.add(out, rec)
                 pending += out.messages
                 if out.stream is not None:

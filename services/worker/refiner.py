@@ -19,42 +19,30 @@ remembers it was checkpointed (the worker flushes outputs first), so it is skipp
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from collections.abc import Callable
 
-import pyarrow as pa
-
 from pipelines.refine.aligned import align_records
-from pipelines.refine.batch import (
-    Joined,
-    RawBatch,
-    RefineResult,
-    RefineSettings,
-    RefineState,
-    refine_group,
-)
+from pipelines.refine.batch import refine_group
 from pipelines.refine.clock import ClockEstimator
 from pipelines.refine.counters import CounterState
 from pipelines.refine.dedupe import SeqWindow
 from pipelines.refine.enrich import TopologyIndex
+from pipelines.refine.types import Joined, RawBatch, RefineResult, RefineSettings, RefineState
 from schemas.catalog import Catalog
 from schemas.codec import ARROW, content_type_of, decode, ipc_stream
 from schemas.errors import RejectedInput
 from schemas.ingest import IngestDecoder, Position
 from schemas.reasons import Reason
-from schemas.records import (
-    Alert,
-    AlertState,
-    Severity,
-)
 from schemas.wire import Batch, PayloadKind
 from services.kafka.internals import refused_detail
 from services.kafka.outputs import OutMessage
-from services.worker.guard import OutputTooLarge, Undo, detail_of, failed, recoverable
+from services.worker.clock_alerts import ClockAlerts
+from services.worker.guard import Undo, detail_of, failed, recoverable
 from services.worker.refiner_ingest import Decoded, decode_ingest
 from services.worker.refiner_outputs import (
     Outcome,
+    OutputTooLarge,
     OutputTopics,
     RawRecord,
     accounting,
@@ -62,7 +50,7 @@ from services.worker.refiner_outputs import (
     sample_dead_letters,
 )
 from services.worker.state import StreamState, decode_overlap, encode_overlap
-from services.worker.waves import ZSTD, _runs, _WaveRows, ipc_with, refined_messages
+from services.worker.waves import ZSTD, ipc_with, wave_messages
 
 log = logging.getLogger(__name__)
 
@@ -93,8 +81,7 @@ class Refiner:
         self._loaded_streams: dict[str, str] = {}  # stream key -> current source key
         self._loaded_nodes: set[str] = set()
         self._create_time_topics: set[str] = set()
-        self._flagged: dict[str, bool] = {}
-        self._onsets: dict[str, int] = {}
+        self.alerts = ClockAlerts(topics.alerts)  # per stream: clock flagged, since when
         self._dirty_streams: set[str] = set()
         self._dirty_nodes: set[str] = set()
         self._sets: dict[int, Joined] = {}  # record index -> its joined set, while refining
@@ -107,8 +94,7 @@ class Refiner:
         self.state = RefineState(shared_layouts=self.state.shared_layouts)
         self._loaded_streams.clear()
         self._loaded_nodes.clear()
-        self._flagged.clear()
-        self._onsets.clear()
+        self.alerts.clear()
         self._dirty_streams.clear()
         self._dirty_nodes.clear()
 
@@ -126,9 +112,7 @@ class Refiner:
                 self.state.counters[stream] = ss.counters
                 if ss.watermark is not None:
                     self.state.watermarks[stream] = ss.watermark
-                self._flagged[stream] = ss.clock_flagged
-                if ss.clock_onset is not None:
-                    self._onsets[stream] = ss.clock_onset
+                self.alerts.load(stream, ss.clock_flagged, ss.clock_onset)
             self._loaded_streams[stream] = key
         elif self._loaded_streams[stream] != key:
             self._loaded_streams[stream] = key  # a new boot of the source
@@ -149,8 +133,8 @@ class Refiner:
                 clock=self.state.clocks.get(stream),
                 counters=self.state.counters.get(stream) or CounterState(),
                 watermark=self.state.watermarks.get(stream),
-                clock_flagged=self._flagged.get(stream, False),
-                clock_onset=self._onsets.get(stream),
+                clock_flagged=self.alerts.flagged(stream),
+                clock_onset=self.alerts.onset(stream),
             ).encode()
         nodes = {
             n: encode_overlap(self.state.overlaps[n])
@@ -240,7 +224,7 @@ class Refiner:
         """Refine ``items`` (samples batches, or one events or collectives record) into
         ``outs``; if that raises, put their state back and refine them one at a time, each
         that raises again dead-lettered whole (see :mod:`services.worker.guard`)."""
-        undo = Undo(self, [b for _, _, b in items])
+        undo = Undo(self.state, self.alerts, [b for _, _, b in items])
         try:
             self._refine_items(items, outs, now_ns)
             return
@@ -252,17 +236,17 @@ class Refiner:
                 log.warning("refining %d records raised %s; refining them one by one",
                             len(items), detail_of(e))  # fmt: skip
             else:
-                outs[items[0][0]] = failed(self, *items[0][1:], e, now_ns)
+                outs[items[0][0]] = failed(self.topics, *items[0][1:], e, now_ns)
                 return
         for item in items:
-            undo = Undo(self, [item[2]])
+            undo = Undo(self.state, self.alerts, [item[2]])
             try:
                 self._refine_items([item], outs, now_ns)
             except Exception as e:
                 if not recoverable(e):
                     raise
                 undo.restore()
-                outs[item[0]] = failed(self, *item[1:], e, now_ns)
+                outs[item[0]] = failed(self.topics, *item[1:], e, now_ns)
 
     def _refine_items(
         self, items: list[tuple[int, RawRecord, Batch]], outs: list[Outcome | None], now_ns: int
@@ -283,26 +267,10 @@ class Refiner:
             outs[i] = self._samples(r, b, res, now_ns)
             if res.refined_count:
                 refined.append((i, r, b, res))
-        runs = _runs(refined)
-        rows = [sum(x[3].refined_count for x in run) for run in runs]
-        # each wave's rows as one record batch, with the runs (first row, rows) it sends
-        by_wave: dict[int, tuple[pa.Table, list[tuple[int, int]]]] = {}
-        for run, n in zip(runs, rows, strict=True):
-            res = run[0][3]
-            assert res.wave_rows is not None  # a batch with refined rows has its wave's
-            by_wave.setdefault(id(res.wave_rows), (res.wave_rows, []))[1].append(
-                (res.wave_start, n)
-            )
-        waves = {
-            k: _WaveRows(wave.combine_chunks().to_batches()[0], spans)
-            for k, (wave, spans) in by_wave.items()
-        }
-        for run, n in zip(runs, rows, strict=True):
-            whole = waves[id(run[0][3].wave_rows)]
-            for part, msg in refined_messages(self.topics, run, whole, n):
-                last = outs[max(i for i, _, _, _ in part)]
-                assert last is not None
-                last.messages.insert(0, msg)
+        for part, msg in wave_messages(self.topics, refined):
+            last = outs[max(i for i, _, _, _ in part)]
+            assert last is not None
+            last.messages.insert(0, msg)
 
     def _decode(self, rec: RawRecord, ct: str | None) -> Batch:
         """The record's batch: by its topic's declared format when it is an ingest topic.
@@ -333,7 +301,7 @@ class Refiner:
                 ts_max=r.newest_ns,
             )
         )
-        msgs += self._clock_alert(src.stream_key(), src.node, r, now_ns, rec)
+        msgs += self.alerts.observe(src.stream_key(), src.node, r, now_ns, rec)
         fresh = None
         if r.newest_ns is not None:
             fresh = rec.append_ms * 1_000_000 - r.newest_ns
@@ -421,41 +389,3 @@ class Refiner:
         return accounting(
             self.topics, rec, outcome, n, refined, dup, quarantined, node, reason, ts_max
         )
-
-    def _clock_alert(
-        self, stream: str, node: str, r: RefineResult, now_ns: int, rec: RawRecord
-    ) -> list[OutMessage]:
-        if r.clock is None:
-            return []
-        was = self._flagged.get(stream, False)
-        if r.clock_alert is None or r.clock_alert == was:
-            return []
-        self._flagged[stream] = r.clock_alert
-        # the broker's append time of the record that flipped the flag: the same on a replay
-        # of that record, and remembered in the stream's state until it resolves
-        at_ns = rec.append_ms * 1_000_000
-        if r.clock_alert:
-            self._onsets[stream] = at_ns
-        onset = self._onsets[stream] if r.clock_alert else self._onsets.pop(stream, at_ns)
-        aid = hashlib.sha1(f"clock_offset|{stream}|{onset}".encode()).hexdigest()[:20]
-        alert = Alert(
-            id=aid,
-            rule="clock_offset",
-            state=AlertState.FIRING if r.clock_alert else AlertState.RESOLVED,
-            severity=Severity.WARNING,
-            entity=stream,
-            node=node,
-            starts_ns=onset,
-            ends_ns=None if r.clock_alert else at_ns,
-            summary=(
-                f"clock of {stream} is off by {r.clock.offset_ns / 1e9:+.3f} s "
-                f"(±{r.clock.error_ns / 1e6:.1f} ms)"
-            ),
-            evidence={
-                "offset_ns": r.clock.offset_ns,
-                "error_ns": r.clock.error_ns,
-                "drift_ppm": r.clock.drift_ppm,
-            },
-            emitted_ns=now_ns,
-        )
-        return [OutMessage(self.topics.alerts, stream.encode(), alert.model_dump_json().encode())]

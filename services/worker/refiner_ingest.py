@@ -4,25 +4,22 @@ The refiner hands every record of a foreign-format topic in its group to
 :meth:`schemas.ingest.IngestDecoder.decode_many`, one call per topic partition: one-metric
 messages (Telegraf's and collectd's shape) then cost one pass for all instead of a table
 each. Each record gets its own batch (a slice of its source's table, ``seq`` its offset) or
-its own rejection; the batches of one source share a :class:`~pipelines.refine.batch.Joined`
+its own rejection; the batches of one source share a :class:`~pipelines.refine.types.Joined`
 set, which :func:`pipelines.refine.refine_group` refines as one unit.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-from pipelines.refine.batch import Joined
+from pipelines.refine.types import Joined
 from schemas.codec import content_type_of
 from schemas.errors import RejectedInput
 from schemas.ingest import Format, IngestDecoder, Message, Position
 from schemas.reasons import Reason
 from schemas.wire import Batch
 from services.kafka.internals import refused_detail
-
-if TYPE_CHECKING:
-    from services.worker.refiner import RawRecord
+from services.worker.refiner_outputs import RawRecord
 
 
 @dataclass(frozen=True)

@@ -1,18 +1,30 @@
 """What the refiner hands back: the record and output types, and the messages that account
-for a record (accounting, dead letters) whatever became of it."""
+for a record (accounting, dead letters) whatever became of it.
+
+Every dead letter the worker sends is built by :func:`dead_letter`: a record rejected whole
+(:func:`rejected_record`, and :func:`services.worker.guard.failed` for one whose refining
+raised) or the rejected rows of a refined one (:func:`sample_dead_letters`).
+"""
 
 from __future__ import annotations
 
 import base64
 from dataclasses import dataclass
 
-from pipelines.refine.batch import RefineResult
 from pipelines.refine.clock import ClockEstimate
+from pipelines.refine.types import RefineResult
 from schemas.codec import content_type_of
 from schemas.errors import RejectedInput
+from schemas.ingest.assemble import RejectedSamples
+from schemas.reasons import Reason
 from schemas.records import DeadLetter, compact_json
 from schemas.topics import TOPICS
 from services.kafka.outputs import OutMessage
+
+
+class OutputTooLarge(ValueError):
+    """One record's output is over the output topic's message limit and cannot be split
+    (a record's refined rows go out in one message: consumers dedupe by its raw position)."""
 
 
 @dataclass(frozen=True)
@@ -65,26 +77,72 @@ class Outcome:
 def rejected_record(
     topics: OutputTopics, rec: RawRecord, ct: str | None, e: RejectedInput, now_ns: int
 ) -> Outcome:
-    """A record rejected whole: its dead letter (the original value in it) and accounting."""
+    """A record rejected whole: its dead letter (the original value in it) and accounting.
+    A foreign record that decoded before it was rejected (no host identity: an ingest
+    :class:`~schemas.ingest.assemble.RejectedSamples`) accounts for its samples, quarantined."""
     node = rec.key.decode("utf-8", "replace")[:128] if rec.key else None
+    n = e.samples if isinstance(e, RejectedSamples) else 0
+    return dead_lettered(topics, rec, e.reason, e.detail, key=rec.key or b"", node=node,
+                         ct=ct, samples=n, stream=None, now_ns=now_ns)  # fmt: skip
+
+
+def dead_lettered(
+    topics: OutputTopics,
+    rec: RawRecord,
+    reason: Reason,
+    detail: str,
+    *,
+    key: bytes,
+    node: str | None,
+    ct: str | None,
+    samples: int,
+    stream: str | None,
+    now_ns: int,
+) -> Outcome:
+    """The outcome of a record dead-lettered whole (``samples`` quarantined): its dead letter
+    with the original value, and its accounting."""
+    n = samples
+    msgs = [
+        dead_letter(topics, rec, reason, detail, key=key, node=node, ct=ct, scope="record",
+                    samples=n, now_ns=now_ns),
+        accounting(topics, rec, "deadletter", n, 0, 0, n, node, reason=reason.value),
+    ]  # fmt: skip
+    return Outcome(msgs, "deadletter", n, 0, 0, n, {reason.value: 1}, stream, None, None)
+
+
+def dead_letter(
+    topics: OutputTopics,
+    rec: RawRecord,
+    reason: Reason,
+    detail: str,
+    *,
+    key: bytes,
+    node: str | None,
+    ct: str | None,
+    scope: str,
+    samples: int,
+    now_ns: int,
+    rows: list[int] | None = None,
+    original: bool = True,
+) -> OutMessage:
+    """The worker's one dead-letter message: ``rec`` rejected whole (``scope`` ``record``) or
+    its ``rows`` (``samples``) for ``reason``, ``samples`` of its samples, with the original
+    value when ``original``; ``detail`` cut to the field's 1024 characters."""
     dl = DeadLetter(
-        reason=e.reason,
-        detail=e.detail[:1024],
+        reason=reason,
+        detail=detail[:1024],
         topic=rec.topic,
         partition=rec.partition,
         offset=rec.offset,
         node=node,
         content_type=ct,
-        scope="record",
-        samples=0,
-        original_b64=base64.b64encode(rec.value or b"").decode(),
+        scope=scope,
+        samples=samples,
+        rows=rows or [],
+        original_b64=base64.b64encode(rec.value or b"").decode() if original else None,
         ts_ns=now_ns,
     )
-    msgs = [
-        OutMessage(topics.deadletter, rec.key or b"", dl.model_dump_json().encode()),
-        accounting(topics, rec, "deadletter", 0, 0, 0, 0, node, reason=e.reason.value),
-    ]
-    return Outcome(msgs, "deadletter", 0, 0, 0, 0, {e.reason.value: 1}, None, None, None)
+    return OutMessage(topics.deadletter, key, dl.model_dump_json().encode())
 
 
 def sample_dead_letters(
@@ -94,24 +152,13 @@ def sample_dead_letters(
     value), and the samples per reason."""
     msgs: list[OutMessage] = []
     reasons: dict[str, int] = {}
-    key = node.encode()
+    key, ct = node.encode(), content_type_of(rec.headers)
     for i, group in enumerate(r.dead_letters):
         reasons[group.reason.value] = reasons.get(group.reason.value, 0) + group.count
-        dl = DeadLetter(
-            reason=group.reason,
-            detail=group.detail[:1024],
-            topic=rec.topic,
-            partition=rec.partition,
-            offset=rec.offset,
-            node=node,
-            content_type=content_type_of(rec.headers),
-            scope="samples",
-            samples=group.count,
-            rows=group.rows,
-            original_b64=base64.b64encode(rec.value or b"").decode() if i == 0 else None,
-            ts_ns=now_ns,
-        )
-        msgs.append(OutMessage(topics.deadletter, key, dl.model_dump_json().encode()))
+        dl = dead_letter(topics, rec, group.reason, group.detail, key=key, node=node, ct=ct,
+                         scope="samples", samples=group.count, now_ns=now_ns, rows=group.rows,
+                         original=i == 0)  # fmt: skip
+        msgs.append(dl)
     return msgs, reasons
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from services.telemetry import ServiceTelemetry
-from services.worker.refiner import Outcome, RawRecord
+from services.worker.refiner_outputs import Outcome, RawRecord
 
 
 class GroupTally:

@@ -1,29 +1,48 @@
-"""The refined messages of a group: each wave's refined rows as one record batch
-(:class:`_WaveRows`), cut into runs of one node's adjacent rows (:func:`_runs`), each run one
-message (:func:`refined_messages`) unless that is over the refined topic's limit."""
+"""The refined messages of a group (:func:`wave_messages`): each wave's refined rows as one
+record batch (:class:`WaveRows`), cut into runs of one node's adjacent rows (:func:`_runs`),
+each run one message (:func:`refined_messages`) unless that is over the refined topic's
+limit."""
 
 from __future__ import annotations
-
-from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
 
-from pipelines.refine.batch import RefineResult
+from pipelines.refine.types import RefineResult
 from schemas.codec import ARROW, ipc_stream_within
 from schemas.records import lineage_header
 from schemas.wire import Batch
-from services.worker.guard import OutputTooLarge
+from services.kafka.outputs import OutMessage
+from services.worker.refiner_outputs import OutputTooLarge, OutputTopics, RawRecord
 
-if TYPE_CHECKING:
-    from services.kafka.outputs import OutMessage
-    from services.worker.refiner import OutputTopics, RawRecord
+Item = tuple[int, RawRecord, Batch, RefineResult]  # index in the group, record, batch, result
 
-Item = tuple[int, "RawRecord", Batch, RefineResult]  # index in the group, record, batch, result
+
+def wave_messages(topics: OutputTopics, refined: list[Item]) -> list[tuple[list[Item], OutMessage]]:
+    """The refined messages of a group's records that have refined rows (``refined``, in
+    group order), each with the records it holds: a message per run of one node's adjacent
+    rows of a wave (:func:`refined_messages`). Raises :class:`OutputTooLarge` for a record
+    whose rows alone are over the limit."""
+    runs = _runs(refined)
+    rows = [sum(x[3].refined_count for x in run) for run in runs]
+    # each wave's rows as one record batch, with the runs (first row, rows) it sends
+    by_wave: dict[int, tuple[pa.Table, list[tuple[int, int]]]] = {}
+    for run, n in zip(runs, rows, strict=True):
+        res = run[0][3]
+        assert res.wave_rows is not None  # a batch with refined rows has its wave's
+        by_wave.setdefault(id(res.wave_rows), (res.wave_rows, []))[1].append((res.wave_start, n))
+    waves = {
+        k: WaveRows(wave.combine_chunks().to_batches()[0], spans)
+        for k, (wave, spans) in by_wave.items()
+    }
+    out: list[tuple[list[Item], OutMessage]] = []
+    for run, n in zip(runs, rows, strict=True):
+        out += refined_messages(topics, run, waves[id(run[0][3].wave_rows)], n)
+    return out
 
 
 def refined_messages(
-    topics: OutputTopics, run: list[Item], whole: _WaveRows, n: int
+    topics: OutputTopics, run: list[Item], whole: WaveRows, n: int
 ) -> list[tuple[list[Item], OutMessage]]:
     """The refined messages of a run (see :func:`_runs`) with the records each holds: one
     for the whole run, or one per record where that is over the output limit; raises
@@ -47,7 +66,7 @@ def refined_messages(
 def _refined_message(
     topics: OutputTopics,
     run: list[Item],
-    whole: _WaveRows,
+    whole: WaveRows,
     n: int,
     bound: int | None,
     options: pa.ipc.IpcWriteOptions | None = None,
@@ -56,8 +75,6 @@ def _refined_message(
     ``n`` rows of its wave (``whole``: a record batch's slice is serialized as it is, a
     table's is first cut into batches) written into ``bound`` bytes when known, with the
     lineage of each raw record in it."""
-    from services.kafka.outputs import OutMessage
-
     _, _, batch, first = run[0]
     rows = whole.batch.slice(first.wave_start, n)
     lineage = [res.header_fields(r.topic, b, (r.partition, r.offset)) for _, r, b, res in run]
@@ -69,7 +86,7 @@ def _refined_message(
     )
 
 
-class _WaveRows:
+class WaveRows:
     """A wave's refined rows as one record batch, and for each run of its rows that goes out
     as one message (``spans``: first row and rows) a bound on its IPC stream's bytes, from
     the string columns' offsets at the runs' ends only, for writing each refined message
@@ -109,13 +126,11 @@ def ipc_with(table: pa.Table | pa.RecordBatch, options: pa.ipc.IpcWriteOptions) 
     return sink.getvalue()
 
 
-def _runs(
-    refined: list[tuple[int, RawRecord, Batch, RefineResult]],
-) -> list[list[tuple[int, RawRecord, Batch, RefineResult]]]:
+def _runs(refined: list[Item]) -> list[list[Item]]:
     """The batches with refined rows grouped into runs that can go out as one message: of one
     node, refined in one wave, their rows adjacent there (:func:`pipelines.refine.refine_group`
     puts a node's batches of a wave next to each other), in row order."""
-    by: dict[tuple[int, str], list[tuple[int, RawRecord, Batch, RefineResult]]] = {}
+    by: dict[tuple[int, str], list[Item]] = {}
     for item in refined:
         res = item[3]
         by.setdefault((id(res.wave_rows), item[2].envelope.source.node), []).append(item)

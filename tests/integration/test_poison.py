@@ -32,6 +32,7 @@ from schemas.records import refined_lineage
 from schemas.wire import SAMPLES_SCHEMA, ClockBlock, Envelope, SourceId
 from tests.integration.worker_helpers import (
     accounting,
+    committed,
     fresh_topics,
     read_all,
     running_worker,
@@ -295,6 +296,48 @@ def test_hostile_records_fail_alone_and_the_worker_goes_on(
               f"dead-lettered {reasons}; worker peak RSS {peak:.0f} MiB")  # fmt: skip
         assert peak < 3072
         assert w.stop() == 0, w.tail()
+
+
+def test_a_worker_that_would_dead_letter_everything_stops_past_its_limit(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    """A bad deploy, played by input that turns to garbage after a good start: once more than
+    ``--max-deadletter-share`` of the last ``--deadletter-window`` records were dead-lettered
+    the worker stops, non-zero, with a line saying so, instead of dead-lettering on. The good
+    records were refined and committed; no offset is committed past a record whose outputs
+    were not all published (its group is never acked: a restart replays it)."""
+    prefix = fresh_topics(kafka_bootstrap)
+    raw = prefix + "telemetry.raw"
+    feed = Feed(time.time_ns() - 60 * S)
+    for i in range(30):
+        feed.good(f"g{i % 4}")
+    garbage = [(b"h8", b"\x00garbage" * 100, ARROW)] * 60
+    p = Producer({"bootstrap.servers": kafka_bootstrap, "enable.idempotence": True})
+
+    def send(items: list[tuple[bytes, bytes, str]]) -> None:
+        for key, body, ct in items:
+            p.produce(raw, body, key=key, partition=0, headers=[("content-type", ct.encode())])
+        assert p.flush(60) == 0
+
+    extra = ["--max-deadletter-share", "0.5", "--deadletter-window", "20"]
+    with running_worker(kafka_bootstrap, prefix, tmp_path, extra=extra) as w:
+        send(feed.items)
+        deadline = time.monotonic() + 120
+        while group_lag({"bootstrap.servers": kafka_bootstrap}, f"{prefix}worker", [raw]):
+            assert time.monotonic() < deadline, "the good records never committed\n" + w.tail()
+            assert w.proc.poll() is None, w.tail()
+            time.sleep(0.5)
+        send(garbage)
+        rc = w.proc.wait(120)
+        log = w.log.read_text(errors="replace")
+    assert rc != 0, log[-3000:]
+    # the 11th garbage record (offset 40) is the one past half of the last 20
+    line = "11 of the last 20 records were dead-lettered (55%, more than the limit of 50%"
+    assert line in log and "undecodable 11" in log, log[-3000:]
+    done = {int(str(a["raw_offset"])) for a in accounting(kafka_bootstrap, prefix, 90, 15)}
+    upto = committed(kafka_bootstrap, raw, f"{prefix}worker").get(0, 0)
+    assert 30 <= upto <= 40, (upto, log[-3000:])
+    assert set(range(upto)) <= done
 
 
 def _positions(table: pa.Table) -> tuple[list[int], list[int]]:

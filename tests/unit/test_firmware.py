@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from schemas.durations import parse_duration_s
 from schemas.wire import EVENTS_SCHEMA, SAMPLES_SCHEMA
 from services.exporters import firmware_cli
 from services.exporters.ethtool import EthtoolError, EthtoolSource, parse_ethtool_stats
@@ -259,4 +260,4 @@ def test_cli_once_stdout(capsys: pytest.CaptureFixture[str]) -> None:
     rows = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
     assert rc == 0 and len(rows) == 5
     assert {(r["kind"], r["event"], r["code"]) for r in rows} == {("events", "xid", 119)}
-    assert firmware_cli.parse_duration("500ms") == 0.5
+    assert parse_duration_s("500ms") == 0.5

@@ -21,10 +21,11 @@ import pytest
 from lab.ttar import extract
 from schemas.catalog import Catalog, default_catalog
 from schemas.codec import JSON, decode, encode
+from schemas.durations import parse_duration_s
 from schemas.wire import SAMPLES_SCHEMA, SourceId
 from services.exporters.chrony import parse_tracking
 from services.exporters.node import NodeCollector, bench_scrape, collect_node, node_source
-from services.exporters.node_cli import add_parser, parse_duration
+from services.exporters.node_cli import add_parser
 from services.exporters.nvml import NvmlCollector
 from services.exporters.procfs import SampleBuffer
 from services.settings import RefinerySettings
@@ -257,7 +258,7 @@ def test_cli_once_stdout_prints_one_json_batch(
     batch = decode(lines[0].encode(), JSON)
     rows = _rows(batch.table)
     assert rows[("ib.port_rcv_data", "mlx5_0/1")]["raw"] == 230539874932483
-    assert parse_duration("1s") == 1.0 and parse_duration("250ms") == 0.25
+    assert parse_duration_s("1s") == 1.0 and parse_duration_s("250ms") == 0.25
 
 
 # --- NVML and chrony ------------------------------------------------------------------------

@@ -16,7 +16,8 @@ from lab.simulate.messages import Stream
 from pipelines.refine.enrich import TopologyIndex
 from schemas.catalog import default_catalog
 from schemas.codec import ipc_stream, ipc_stream_within
-from services.worker.refiner import OutputTopics, RawRecord, Refiner, _WaveRows
+from services.worker.refiner import OutputTopics, RawRecord, Refiner
+from services.worker.waves import WaveRows
 
 S = 1_000_000_000
 T0 = 1_800_000_000 * S
@@ -66,7 +67,7 @@ def test_a_run_written_within_its_bound_is_the_plain_stream(start: int, rows: in
     rows = min(rows, ROWS - start)
     part = WAVE.slice(start, rows)
     plain = ipc_stream(part)
-    bound = _WaveRows(WAVE, [(start, rows)]).bounds.get(start)
+    bound = WaveRows(WAVE, [(start, rows)]).bounds.get(start)
     assert bound is not None and bound >= plain.size  # never the fallback for these columns
     assert ipc_stream_within(part, bound).equals(plain)
     # and read back, the rows themselves
@@ -89,11 +90,11 @@ def test_every_run_of_a_wave_gets_its_own_bound() -> None:
     """Runs end to end over the whole wave, bounded all at once: each within its bound."""
     cuts = [0, 1, 2, 50, 51, 700, 1500, ROWS - 1, ROWS]
     spans = [(a, b - a) for a, b in itertools.pairwise(cuts)]
-    bounds = _WaveRows(WAVE, spans).bounds
+    bounds = WaveRows(WAVE, spans).bounds
     for a, n in spans:
         assert bounds[a] >= ipc_stream(WAVE.slice(a, n)).size
 
 
 def test_columns_without_a_known_bound_are_serialized_plainly() -> None:
     batch = pa.record_batch({"x": pa.array([[1], [2, 3]], pa.list_(pa.int64()))})
-    assert _WaveRows(batch, [(0, 2)]).bounds == {}
+    assert WaveRows(batch, [(0, 2)]).bounds == {}
