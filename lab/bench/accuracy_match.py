@@ -51,6 +51,8 @@ from lab.simulate.clocks import truth_offsets
 S = 1_000_000_000
 FOREVER = 2**62
 CLOCK_THRESHOLD_NS = S  # deploy/rules and the refiner: clock_offset above 1 s
+# how long a clock must stay beyond the threshold for its alert to be required (clock_signals)
+CLOCK_PROVABLE_NS = 3 * S
 THROTTLE_RULE = {"thermal": "gpu_thermal_throttle", "power": "gpu_power_throttle"}
 
 
@@ -291,12 +293,26 @@ def _storm_signals(
     return out
 
 
+def _longest_run(flags: np.ndarray) -> int:
+    """The most consecutive True values in ``flags``."""
+    best = run = 0
+    for f in flags.tolist():
+        run = run + 1 if f else 0
+        best = max(best, run)
+    return best
+
+
 def clock_signals(
     clocks: Iterable[Mapping[str, Any]], run: tuple[int, int], slack_ns: int, band_ns: int
 ) -> list[Signal]:
     """Per node whose true clock offset exceeded 1 s during the run (sampled each second,
     rebuilt from its clocks truth row by :func:`lab.simulate.clocks.truth_offsets`):
-    clock_offset on one of its sources while it did. Within ``band_ns`` of 1 s: optional."""
+    clock_offset on one of its sources while it did. Within ``band_ns`` of 1 s: optional.
+    Beyond it for less than :data:`CLOCK_PROVABLE_NS` in a row (a paused VM whose daemon
+    steps its clock a second after it resumes): optional too. The rule claims an offset its
+    bound proves, and a source's batches carry an exchange taken during the excursion only
+    from the one after the first sent in it: a second-long excursion may be gone before any
+    batch can prove it; its rows' bounds then cover it (judged with the timestamps)."""
     start, end = run
     out: list[Signal] = []
     grid = np.arange(start, end + 1, S, dtype=np.int64)
@@ -313,7 +329,8 @@ def clock_signals(
         def ok(d: Detection, node: str = node, t0: int = t0, t1: int = t1) -> bool:
             return d.rule == "clock_offset" and d.node == node and d.overlaps(t0, t1)
 
-        required = peak > CLOCK_THRESHOLD_NS + band_ns
+        beyond = off > CLOCK_THRESHOLD_NS + band_ns
+        required = _longest_run(beyond) * S >= CLOCK_PROVABLE_NS
         out.append(Signal(f"clock-{node}", "clock", "clock_offset", f"{node}|*", required, ok))
     return out
 

@@ -743,4 +743,13 @@ def test_the_clocks_truth_rebuilds_every_clock(tmp_path: Path) -> None:
     sim, _ = run(4, spec, 10)
     rows = sim.clocks.table(sim.cluster.node_names).to_pylist()
     sigs = clock_signals(rows, (T0, T0 + 10 * S), 5 * S, 50_000_000)
-    assert [(s.incident, s.required) for s in sigs] == [("clock-node0002", True)]
+    # stepped back a second after it resumed: over 1 s for too short to be proven, optional
+    assert [(s.incident, s.required) for s in sigs] == [("clock-node0002", False)]
+    # a pause under 1 s (slewed away) is no incident; a clock stepped 2 s and left is
+    spec = "vm_pause:node=node0002,start=3,pause=0.9,chrony_slew:node=node0001,start=2,offset=0.5"
+    spec += ",clock:node=node0003,fraction=0,step=2,max_offset=0"
+    sim, _ = run(4, spec, 10)
+    rows = sim.clocks.table(sim.cluster.node_names).to_pylist()
+    sigs = clock_signals(rows, (T0, T0 + 10 * S), 5 * S, 50_000_000)
+    assert ("clock-node0003", True) in [(s.incident, s.required) for s in sigs]
+    assert "clock-node0002" not in [s.incident for s in sigs]
