@@ -320,7 +320,6 @@ def clock_signals(
         node = str(c["node"])
         # its wall clock's true offset, rebuilt from the truth (steps, slews, pauses...)
         off = np.abs(truth_offsets(c, grid, start))
-        peak = int(off.max()) if off.size else 0
         over = [int(t) for t in grid[off > CLOCK_THRESHOLD_NS - band_ns]]
         if not over:
             continue
