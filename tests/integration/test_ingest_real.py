@@ -29,10 +29,11 @@ BRACKET_NS = 300_000_000  # a producer reads /proc within this of the time it st
 
 
 class ProcPoller:
-    """(time, cpu0 user ticks, lo rx bytes) every 20 ms, from /proc directly."""
+    """(time, cpu0 user ticks, lo rx bytes, all CPUs' user ticks) every 20 ms, from /proc
+    directly."""
 
     def __init__(self) -> None:
-        self.polls: list[tuple[int, int, int]] = []
+        self.polls: list[tuple[int, int, int, int]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -40,9 +41,10 @@ class ProcPoller:
         while not self._stop.is_set():
             stat = Path("/proc/stat").read_text().splitlines()
             cpu0 = next(x for x in stat if x.startswith("cpu0 ")).split()
+            cpu = next(x for x in stat if x.startswith("cpu ")).split()
             dev = Path("/proc/net/dev").read_text().splitlines()
             lo = next(x for x in dev if x.strip().startswith("lo:")).split(":", 1)[1].split()
-            self.polls.append((time.time_ns(), int(cpu0[1]), int(lo[0])))
+            self.polls.append((time.time_ns(), int(cpu0[1]), int(lo[0]), int(cpu[1])))
             time.sleep(0.02)
 
     def __enter__(self) -> ProcPoller:
