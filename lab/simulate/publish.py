@@ -211,11 +211,14 @@ class _Publisher:
         # were stamped on: the exchanges are carried on the first, widened over the others
         skew = _node_offset(clocks, i, t) - _node_offset(clocks, i, t, steps=False)
         at = _stamped_at(msg)
-        stamps = None
+        stamps = first_raw = None
         if at.size:
             wall, raw = clocks.node_offsets(i, at)
             stamps = (int((wall - raw).min()), int((wall - raw).max()))
-        carried = log.for_batch(env.source.key(), skew=skew, stamps=stamps)
+            # as an exporter carries: only exchanges acknowledged before its first stamp
+            first = int(at.min())
+            first_raw = first + _node_offset(clocks, i, first, steps=False)
+        carried = log.for_batch(env.source.key(), skew=skew, stamps=stamps, first_raw=first_raw)
         if not carried:
             return
         clock = env.clock or ClockBlock(source="none")

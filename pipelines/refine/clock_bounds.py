@@ -190,16 +190,20 @@ class ExchangeLog:
         self._raw = raw_ns
         self._checks.append((raw_ns, self._skew))
 
-    def stamps_since(self, source: str) -> tuple[int, int] | None:
+    def stamps_since(self, source: str) -> tuple[int, int, int] | None:
         """The lowest and highest setting read since ``source``'s last batch (its rows
-        were stamped on settings among them); None before any check."""
+        were stamped on settings among them, or that batch's own) and the raw reading of
+        the first read after that batch (its first stamp); None before any check."""
         if not self._checks:
             return None
         since = self._batch_at.get(source)
-        seen = [k for raw, k in self._checks if since is None or raw >= since]
+        seen = [(raw, k) for raw, k in self._checks if since is None or raw >= since]
         if not seen:
-            seen = [self._checks[-1][1]]
-        return min(seen), max(seen)
+            seen = [self._checks[-1]]
+        ks = [k for _, k in seen]
+        # the first stamp: the first read after that batch's own (at its send)
+        after = [raw for raw, _ in seen if since is None or raw > since]
+        return min(ks), max(ks), after[0] if after else self._checks[-1][0]
 
     def for_batch(
         self,
@@ -207,20 +211,32 @@ class ExchangeLog:
         partition: int | None = None,
         skew: int | None = None,
         stamps: tuple[int, int] | None = None,
+        first_raw: int | None = None,
     ) -> list[Exchange]:
         """What the next batch of ``source`` carries (:meth:`carried`, on the setting
         ``skew`` of its send), widened over ``stamps``: the lowest and highest setting its
         rows were stamped on (None: those read by :meth:`check` since its last batch). A
         row stamped on setting ``k`` has the offset at the send moved by ``k - skew``, so
         every row of the batch is inside, however the clock was stepped or slewed between
-        its stamps."""
+        its stamps.
+
+        Only exchanges acknowledged before its first row was stamped (``first_raw``, the raw
+        clock then; None: the first :meth:`check` since its last batch) are carried: a
+        machine paused between a row's stamp and its send (its clocks standing still) moved
+        the offset by the pause, which an exchange acknowledged after it would carry onto
+        the row unseen. Acknowledged before the stamps, an exchange tells the offset the rows
+        had, and a pause after it lowers the offset only: the worker's floor covers that
+        (:func:`own_floor`)."""
         skew = self._skew if skew is None else skew
-        out = self.carried(partition, skew)
+        since = self.stamps_since(source) if stamps is None or first_raw is None else None
+        if stamps is None and since is not None:
+            stamps = since[0], since[1]
+        if first_raw is None and since is not None:
+            first_raw = since[2]
+        out = self.carried(partition, skew, first_raw)
         self.last_stamps = (0, 0)
         if skew is None:
             return out
-        if stamps is None:
-            stamps = self.stamps_since(source)
         if self._raw is not None:
             self._batch_at[source] = self._raw
         lo = min(0, stamps[0] - skew) if stamps is not None else 0
@@ -234,15 +250,21 @@ class ExchangeLog:
         lo, hi = lo - far, hi + far
         return [Exchange(e.sent_ns + lo, e.append_ms, e.ack_ns + hi, e.partition) for e in out]
 
-    def carried(self, partition: int | None = None, skew: int | None = None) -> list[Exchange]:
+    def carried(
+        self, partition: int | None = None, skew: int | None = None, acked_by: int | None = None
+    ) -> list[Exchange]:
         """What a batch carries: on ``partition`` (None: the newest exchange's), the
         newest ``newest`` exchanges and the tightest of the rest, at most :data:`CARRIED`,
         each on the setting ``skew`` of the wall clock (``wall - raw`` when the batch was
-        sent; None: at the last :meth:`check`, else as taken)."""
-        if not self._items:
+        sent; None: at the last :meth:`check`, else as taken); with ``acked_by``, only those
+        acknowledged by that raw reading."""
+        kept = [
+            it for it in self._items or [] if acked_by is None or it[0].ack_ns - it[2] <= acked_by
+        ]
+        if not kept:
             return []
         skew = self._skew if skew is None else skew
-        items = [_on_setting(e, k0, k1, skew) for e, k0, k1 in self._items]
+        items = [_on_setting(e, k0, k1, skew) for e, k0, k1 in kept]
         part = items[-1].partition if partition is None else partition
         mine = [e for e in items if e.partition == part]
         recent = mine[-self.newest :]

@@ -373,3 +373,28 @@ def test_a_record_appended_late_widens_the_bound_down_to_its_own_floor() -> None
     # another partition's append time says nothing of this leader's clock
     other = ClockEstimator().observe(T0 + off, T0 + 40 * MS, block, 1)
     assert other.error_ns < 2 * MS
+
+
+def test_an_exchange_acknowledged_after_the_rows_were_stamped_is_not_carried() -> None:
+    """Rows stamped, then the machine paused for 2 s (its clocks standing still), then an
+    exchange acknowledged after it, then the send: that exchange tells the offset after the
+    pause, 2 s below the rows'. Only exchanges acknowledged before the first stamp are
+    carried, and the rows are inside the bound their batch gets."""
+    w = World(0, 0.0, [], pauses=[(T0 + 5 * S, 2 * S)])
+    log = ExchangeLog()
+    log.add(*_exchange(w, T0 + 3 * S, 100_000, 100_000))
+    log.check(w.wall(T0 + 3 * S + MS), w.mono(T0 + 3 * S + MS))
+    log.for_batch("s")  # the batch before
+    t_row = T0 + 4 * S  # stamped before the pause
+    log.check(w.wall(t_row), w.mono(t_row))
+    log.add(*_exchange(w, T0 + 7 * S + 100 * MS, 100_000, 100_000))  # after the pause
+    t = T0 + 7 * S + 500 * MS
+    log.check(w.wall(t), w.mono(t))
+    carried = log.for_batch("s")
+    assert [e.sent_ns for e in carried] == [w.wall(T0 + 3 * S)]
+    lo, hi, _ = hard_interval(carried, w.wall(t_row)) or (0, 0, 0)
+    assert lo <= w.offset(t_row) <= hi
+    # the exchange acknowledged after the pause would have put the rows 2 s off
+    late = log.carried()
+    lo, hi, _ = hard_interval(late, w.wall(t_row)) or (0, 0, 0)
+    assert not lo <= w.offset(t_row) <= hi
