@@ -46,7 +46,7 @@ from typing import Any
 
 import numpy as np
 
-from lab.simulate.clocks import truth_offsets
+from lab.simulate.clock_models import truth_offsets
 
 S = 1_000_000_000
 FOREVER = 2**62
@@ -306,7 +306,7 @@ def clock_signals(
     clocks: Iterable[Mapping[str, Any]], run: tuple[int, int], slack_ns: int, band_ns: int
 ) -> list[Signal]:
     """Per node whose true clock offset exceeded 1 s during the run (sampled each second,
-    rebuilt from its clocks truth row by :func:`lab.simulate.clocks.truth_offsets`):
+    rebuilt from its clocks truth row by :func:`lab.simulate.clock_models.truth_offsets`):
     clock_offset on one of its sources while it did. Within ``band_ns`` of 1 s: optional.
     Beyond it for less than :data:`CLOCK_PROVABLE_NS` in a row (a paused VM whose daemon
     steps its clock a second after it resumes): optional too. The rule claims an offset its

@@ -8,7 +8,6 @@ tick drawn per window), so even a short run carries every declared fault.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import cast
 
 import numpy as np
 import pyarrow as pa
@@ -24,12 +23,11 @@ from schemas.wire import Envelope
 EnvelopeFactory = Callable[[int, int, int], Envelope]
 
 
-def row_offsets(offs: np.ndarray) -> int:
+def row_offsets(offs: np.ndarray) -> pa.Array:
     """Each row's clock offset as a :class:`Message`'s ``offset_ns``: an int64 Arrow array,
     which the truth subtracts from ``ts_ns`` row by row as it would one int (rows stamped
-    while a clock drifts, slews or steps do not share one offset). Message declares an int;
-    numpy and pyarrow arithmetic take either."""
-    return cast(int, pa.array(np.asarray(offs, np.int64)))
+    while a clock drifts, slews or steps do not share one offset)."""
+    return pa.array(np.asarray(offs, np.int64))
 
 
 def inject_faults(

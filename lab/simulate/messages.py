@@ -41,7 +41,10 @@ class Message:
     body: bytes | None = None
     expected_reason: Reason | None = None
     samples: int = 0
-    offset_ns: int = 0  # source clock - true clock when the rows were stamped
+    # source clock - true clock when the rows were stamped: one int, or an int64 Arrow array
+    # of each row's where they differ (:func:`.inject.row_offsets`); Arrow and numpy
+    # arithmetic take either
+    offset_ns: int | pa.Array = 0
     bad: list[Reason] | None = None  # reasons of the last len(bad) rows
     extra: Any = None  # CollectiveTick or list[SimEvent], for the truth
     # a duplicate: the message it copies, whose bytes (its clock block's exchanges included,

@@ -15,7 +15,9 @@ Siblings:
 - ``FILE.incidents.parquet`` — id, kind, node, device, switch, port, job, start_ns, end_ns,
   detail (JSON)
 - ``FILE.clocks.parquet`` — node, offset_ns (at the start), drift_ppm, synced,
-  steps (list of {at_ns, step_ns})
+  steps (list of {at_ns, step_ns}), models (list of {kind, start_ns, end_ns, params: map of
+  name to float}, the node's clock models); :func:`.clock_models.truth_offsets` rebuilds a
+  node's wall and raw clock offsets at any true time from its row
 - ``FILE.events.parquet`` — node, boot_id, seq, event, device, code, ts_source_ns, ts_true_ns,
   incident (acknowledged events only)
 - ``FILE.collectives.parquet`` — job, op_seq, rank, node, device, ts_source_ns, ts_true_ns,

@@ -727,7 +727,7 @@ def test_the_clocks_truth_rebuilds_every_clock(tmp_path: Path) -> None:
     stamped with, wall and raw, after a trip through Parquet; and the clock incident rule
     reads them: a pause past 1 s is an incident, a slew within the threshold is not."""
     from lab.bench.accuracy_match import clock_signals
-    from lab.simulate.clocks import truth_offsets
+    from lab.simulate.clock_models import truth_offsets
 
     sim, _ = run(8, "all", 20)
     w = TruthWriter(tmp_path / "t.parquet")
