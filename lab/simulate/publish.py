@@ -136,9 +136,13 @@ class _Publisher:
         stamp_due: bool = False,
         sim: Simulation | None = None,
         partitions: dict[str, int] | None = None,
+        restamp: bool = True,
     ) -> None:
         self.topics, self.truth, self.p = topics, truth, Progress()
         self.stamp_due = stamp_due
+        # at speed 1, stamp a batch's send when it is published (False: a loaded host's
+        # batches held with their stamps as they were, ``hold_s``)
+        self.restamp = restamp
         self.pending: dict[int, tuple[Message, str]] = {}
         self.msg_no = 0
         # exchanges (speed 1): the simulation whose clocks they are read on, each node's
@@ -197,7 +201,7 @@ class _Publisher:
         if log is None:
             return
         clocks, t = self.sim.clocks, msg.sent_true_ns
-        if self.partitions is None:
+        if self.partitions is None and self.restamp:
             # at speed 1 an exporter reads its send time just before produce(), as
             # BatchProducer's callers do: now, not when the batch was due (a publisher
             # falling behind would otherwise look like a record that waited, which the
@@ -401,7 +405,9 @@ def publish(
     # and only then the true clock starts, so the first batches are not late by the set-up time
     timeline = sim if speed == 1 or stamp_due else None
     parts = _partition_counts(kafka_settings, topics) if stamp_due else None
-    pub = _Publisher(kafka_settings, topics, truth, conf, stamp_due, timeline, parts)
+    pub = _Publisher(
+        kafka_settings, topics, truth, conf, stamp_due, timeline, parts, restamp=hold_s is None
+    )
     jobs_prod = BatchProducer(kafka_settings, topic=topics.jobs)
     publish_topology(sim, kafka_settings, topics.topology, topics.topology_nodes)
     wall0 = time.monotonic()
