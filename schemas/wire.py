@@ -17,7 +17,7 @@ Encodings (header ``content-type``) are in :mod:`schemas.codec`.
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Annotated
+from typing import Annotated, TypeVar
 
 import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field
@@ -172,3 +172,21 @@ class Batch(BaseModel):
 
     envelope: Envelope
     table: pa.Table
+
+
+_Model = TypeVar("_Model", bound=BaseModel)
+
+
+def constructed_like(template: _Model, changes: dict[str, object]) -> _Model:
+    """What ``type(template).model_construct`` makes of the template's fields with
+    ``changes`` (each a field it was constructed with): its state copied, not built anew.
+    ``model_construct`` walks every field of the model per call (~4 µs an envelope or batch,
+    two per one-metric message); this takes a dict copy."""
+    out = object.__new__(type(template))
+    state = dict(template.__dict__)
+    state.update(changes)
+    object.__setattr__(out, "__dict__", state)
+    object.__setattr__(out, "__pydantic_fields_set__", set(template.__pydantic_fields_set__))
+    object.__setattr__(out, "__pydantic_extra__", template.__pydantic_extra__)
+    object.__setattr__(out, "__pydantic_private__", template.__pydantic_private__)
+    return out

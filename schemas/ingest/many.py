@@ -41,7 +41,15 @@ from schemas.ingest.assemble import (
 )
 from schemas.ingest.mapping import Family, Mapping
 from schemas.reasons import Reason
-from schemas.wire import SAMPLES_SCHEMA, SCHEMA_VERSION, Batch, Envelope, PayloadKind, SourceId
+from schemas.wire import (
+    SAMPLES_SCHEMA,
+    SCHEMA_VERSION,
+    Batch,
+    Envelope,
+    PayloadKind,
+    SourceId,
+    constructed_like,
+)
 
 
 @dataclass
@@ -58,14 +66,14 @@ class Unit:
 
     def batches(self, positions: list[Position]) -> list[Batch]:
         """Each member's own batch (its rows a slice of ``table``; ``seq`` its offset)."""
-        out, row = [], 0
+        out, row, like = [], 0, constructed_like
+        env0 = Envelope.model_construct(source=self.source, seq=0, sent_ns=0, clock=None,
+                                        schema_version=SCHEMA_VERSION, interval_ns=None,
+                                        kind=PayloadKind.SAMPLES)  # fmt: skip
+        batch0 = Batch.model_construct(envelope=env0, table=self.table)
         for m, n, sent in zip(self.members, self.counts, self.sent_ns, strict=True):
-            env = Envelope.model_construct(
-                source=self.source, seq=positions[m].offset, sent_ns=sent,
-                schema_version=SCHEMA_VERSION, kind=PayloadKind.SAMPLES, interval_ns=None,
-                clock=None,
-            )  # fmt: skip
-            out.append(Batch.model_construct(envelope=env, table=self.table.slice(row, n)))
+            env = like(env0, {"seq": positions[m].offset, "sent_ns": sent})
+            out.append(like(batch0, {"envelope": env, "table": self.table.slice(row, n)}))
             row += n
         return out
 

@@ -148,6 +148,12 @@ class Mapping:
         self._patterns = [(re.compile(r.pattern), r) for r in family.rules if r.pattern]
         self._rates = {catalog.canonical(p.counter): p for p in rates}
         self._cache: dict[SeriesKey, Target] = {}
+        # a family whose rules read no node label (only ``node`` does) resolves a series
+        # from its labels less the node's: each host's series then share one resolution
+        # (a new host's thousands of series cost a dict lookup each, not a rule match)
+        read = _fields_read(family)
+        self._node_free = not read & set(family.node_labels)
+        self._shared: dict[SeriesKey, Target] = {}
         for r in family.rules:
             for m in [r.metric] if r.metric else list(r.metrics.values()):
                 if "{" not in m and m not in catalog:
@@ -158,8 +164,23 @@ class Mapping:
         if t is None:
             if len(self._cache) > 200_000:  # bounded: distinct series, not samples
                 self._cache.clear()
-            t = self._cache[key] = self._resolve(key)
+            t = self._cache[key] = self._resolve_anew(key)
         return t
+
+    def _resolve_anew(self, key: SeriesKey) -> Target:
+        """:meth:`_resolve` of ``key``: through the resolution of its labels less the
+        node's when no rule reads those (the same target but for ``node``)."""
+        if not self._node_free:
+            return self._resolve(key)
+        name, pairs, hint = key
+        node_labels = self.family.node_labels
+        shared_key = (name, tuple(p for p in pairs if p[0] not in node_labels), hint)
+        t = self._shared.get(shared_key)
+        if t is None:
+            if len(self._shared) > 200_000:
+                self._shared.clear()
+            t = self._shared[shared_key] = self._resolve(shared_key)
+        return Target(t.metric, t.device, t.factor, t.counter, self._node(dict(pairs)), t.mapped)
 
     def _node(self, labels: dict[str, str]) -> str | None:
         for name in self.family.node_labels:
@@ -216,6 +237,29 @@ class Mapping:
             scale = factor * entry.scale * pair.factor
             return Target(pair.rate, device, scale, False, node, True)
         return Target(entry.name, device, factor, entry.kind is Kind.COUNTER, node, True)
+
+
+def _fields_read(family: Family) -> set[str]:
+    """Every label (or regex group) name a resolution in ``family`` may read from a
+    series' labels, besides its node labels: the fields of its metric, select and device
+    templates, and the names its selects read whole."""
+    templates = list(family.default_device)
+    names: set[str] = set()
+    for r in family.rules:
+        templates += [r.metric or ""]
+        templates += (
+            [] if r.device is None else [r.device] if isinstance(r.device, str) else r.device
+        )
+        for sel in (
+            [] if r.select is None else [r.select] if isinstance(r.select, str) else r.select
+        ):
+            if "{" in sel:
+                templates.append(sel)
+            else:
+                names.add(sel)
+    for t in templates:
+        names.update(m.group(1).partition(":")[0] for m in _FIELD.finditer(t))
+    return names
 
 
 def _load_yaml(path: Path) -> Any:

@@ -286,7 +286,8 @@ class Refiner:
 
     def _samples(self, rec: RawRecord, batch: Batch, r: RefineResult, now_ns: int) -> Outcome:
         src = batch.envelope.source
-        self._dirty_streams.add(src.stream_key())
+        stream = src.stream_key()
+        self._dirty_streams.add(stream)
         self._dirty_nodes.add(src.node)
         msgs, reasons = sample_dead_letters(self.topics, rec, src.node, r, now_ns)
         msgs.append(
@@ -301,7 +302,7 @@ class Refiner:
                 ts_max=r.newest_ns,
             )
         )
-        msgs += self.alerts.observe(src.stream_key(), src.node, r, now_ns, rec)
+        msgs += self.alerts.observe(stream, src.node, r, now_ns, rec)
         fresh = None
         if r.newest_ns is not None:
             fresh = rec.append_ms * 1_000_000 - r.newest_ns
@@ -313,7 +314,7 @@ class Refiner:
             r.duplicate,
             r.quarantined,
             reasons,
-            src.stream_key(),
+            stream,
             r.clock.offset_ns if r.clock else None,
             fresh,
             r.clock,

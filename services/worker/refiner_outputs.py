@@ -152,6 +152,8 @@ def sample_dead_letters(
     value), and the samples per reason."""
     msgs: list[OutMessage] = []
     reasons: dict[str, int] = {}
+    if not r.dead_letters:
+        return msgs, reasons
     key, ct = node.encode(), content_type_of(rec.headers)
     for i, group in enumerate(r.dead_letters):
         reasons[group.reason.value] = reasons.get(group.reason.value, 0) + group.count
@@ -177,6 +179,13 @@ def accounting(
     """The accounting message of one raw record (one per record, whatever its outcome);
     ``ts_max``: the newest aligned ts of its refined rows (None: it gave none), how far in
     data time the refiner has come on its partition (detect judges silence on it)."""
+    ints = (rec.partition, rec.offset, n, refined, dup, quarantined, rec.append_ms)
+    if all(type(v) is int for v in ints) and (ts_max is None or type(ts_max) is int):
+        strs = (_json_str(rec.topic), _json_str(node), _json_str(outcome), _json_str(reason))
+        if None not in strs:
+            tail = "}" if ts_max is None else f',"ts_max":{ts_max}}}'
+            value = _ACCOUNTING.format(*strs, *ints) + tail
+            return OutMessage(topics.accounting, str(rec.partition).encode(), value.encode())
     doc = {
         "raw_topic": rec.topic,
         "raw_partition": rec.partition,
@@ -193,3 +202,27 @@ def accounting(
     if ts_max is not None:
         doc["ts_max"] = ts_max
     return OutMessage(topics.accounting, str(rec.partition).encode(), compact_json(doc))
+
+
+# the accounting document with its fields in the order of ``accounting``'s dict, filled in
+# by ``str.format``: the bytes ``compact_json`` writes (an int as its repr, a string as
+# JSON's escaped form), ~5 µs sooner a record than encoding the dict
+_ACCOUNTING = (
+    '{{"raw_topic":{0},"raw_partition":{4},"raw_offset":{5},"node":{1},"outcome":{2},'
+    '"reason":{3},"input_samples":{6},"refined_samples":{7},"duplicate_samples":{8},'
+    '"quarantined_samples":{9},"append_ms":{10}'
+)
+_STRINGS: dict[str | None, str] = {None: "null"}  # a string → its JSON, as compact_json has it
+
+
+def _json_str(s: object) -> str | None:
+    """``s`` (a string or None) in JSON; None for anything else (the dict is encoded then)."""
+    if type(s) is not str and s is not None:
+        return None
+    out = _STRINGS.get(s)
+    if out is None:
+        if len(_STRINGS) > 65_536:  # node names come and go: bounded
+            _STRINGS.clear()
+            _STRINGS[None] = "null"
+        out = _STRINGS[s] = compact_json(s).decode()
+    return out

@@ -149,16 +149,28 @@ def test_collector_hostmetrics_against_proc_and_clock(
     topic = "telemetry.ingest.otlp"
     conf = tmp_path / "otelcol.yaml"
     conf.write_text(_collector_config(kafka_bootstrap, prefix + topic, encoding, per_cpu))
-    with ProcPoller() as proc, running_worker(kafka_bootstrap, prefix, tmp_path) as w:
+    devices = (CPU0,) if per_cpu else (TOTAL,)
+    _run_and_check(kafka_bootstrap, prefix, topic, tmp_path, [str(exe), "--config", str(conf)],
+                   10, devices)  # fmt: skip
+
+
+def _run_and_check(
+    bootstrap: str, prefix: str, topic: str, tmp_path: Path, cmd: list[str], seconds: float,
+    devices: tuple[Cpu, ...],
+) -> None:  # fmt: skip
+    """Run the producer ``cmd`` for ``seconds`` into a running worker, then check what the
+    worker made of it (:func:`_checked`), printing the producer's and worker's logs if not."""
+    log = tmp_path / "producer.log"
+    with ProcPoller() as proc, running_worker(bootstrap, prefix, tmp_path) as w:
         time.sleep(0.5)
-        with _running([str(exe), "--config", str(conf)], tmp_path / "otelcol.log") as col:
-            time.sleep(10)
-            assert col.poll() is None, (tmp_path / "otelcol.log").read_text()[-3000:]
+        with _running(cmd, log) as producer:
+            time.sleep(seconds)
+            assert producer.poll() is None, log.read_text()[-3000:]
         time.sleep(1.0)
         try:
-            _checked(kafka_bootstrap, prefix, topic, proc, (CPU0,) if per_cpu else (TOTAL,))
+            _checked(bootstrap, prefix, topic, proc, devices)
         except AssertionError:
-            print((tmp_path / "otelcol.log").read_text()[-3000:], w.tail(), sep="\n")
+            print(log.read_text()[-3000:], w.tail(), sep="\n")
             raise
 
 
@@ -194,14 +206,5 @@ def test_telegraf_jittered_flushes_against_proc_and_clock(
     topic = "telemetry.ingest.influx"
     conf = tmp_path / "telegraf.conf"
     conf.write_text(_telegraf_config(exe, kafka_bootstrap, prefix + topic))
-    with ProcPoller() as proc, running_worker(kafka_bootstrap, prefix, tmp_path) as w:
-        time.sleep(0.5)
-        with _running([str(exe), "--config", str(conf)], tmp_path / "telegraf.log") as tg:
-            time.sleep(12)
-            assert tg.poll() is None, (tmp_path / "telegraf.log").read_text()[-3000:]
-        time.sleep(1.0)
-        try:
-            _checked(kafka_bootstrap, prefix, topic, proc, (CPU0, TOTAL))
-        except AssertionError:
-            print((tmp_path / "telegraf.log").read_text()[-3000:], w.tail(), sep="\n")
-            raise
+    _run_and_check(kafka_bootstrap, prefix, topic, tmp_path, [str(exe), "--config", str(conf)],
+                   12, (CPU0, TOTAL))  # fmt: skip
