@@ -206,7 +206,7 @@ class ClockEstimator:
         rate = drift_rate(self.settings.exchange_drift_ppm)
         runs: list[tuple[int, int]] = []
         lo, hi = -(2**62), 2**62
-        for px, py in reversed(list(self.points)[-_DECLARED_POINTS:]):
+        for px, py in itertools.islice(reversed(self.points), _DECLARED_POINTS):
             w = STEP_TOL_NS + math.ceil(rate * abs(x - px))
             a, b = py - MS - w, py + delay_max_ns + w
             if a > hi or b < lo:

@@ -173,7 +173,8 @@ class ExchangeLog:
     def add(self, exchange: Exchange, raw_sent_ns: int, raw_ack_ns: int) -> bool:
         """Keep ``exchange`` (its wall readings ``sent_ns``/``ack_ns`` were taken with the
         raw monotonic readings given). An exchange during which the setting moved (a slew,
-        a step) is kept with both settings: it is carried widened over them. Always True."""
+        a step) is kept too: its raw readings still bracket the append, so it is carried
+        exactly (:func:`_on_setting`). Always True."""
         k_sent = exchange.sent_ns - raw_sent_ns
         k_ack = exchange.ack_ns - raw_ack_ns
         horizon = raw_ack_ns - self.keep_ns  # on the raw clock: steps move no age
@@ -197,7 +198,12 @@ class ExchangeLog:
         if not self._checks:
             return None
         since = self._batch_at.get(source)
-        seen = [(raw, k) for raw, k in self._checks if since is None or raw >= since]
+        seen = []  # newest first, back to that batch's own read (the reads are in raw order)
+        for raw, k in reversed(self._checks):
+            if since is not None and raw < since:
+                break
+            seen.append((raw, k))
+        seen.reverse()
         if not seen:
             seen = [self._checks[-1]]
         ks = [k for _, k in seen]
