@@ -28,6 +28,15 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--lake", help="lake directory (default $REFINERY_LAKE, ./lake)")
     p.add_argument("--report", help="also write the HTML report here")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.add_argument("--workers", type=int, default=1, help="refining workers (default 1)")
+    p.add_argument("--detects", type=int, default=1, help="detect replicas (default 1)")
+    p.add_argument("--landers", type=int, default=1, help="lake landers (default 1)")
+    p.add_argument(
+        "--kill",
+        action="store_true",
+        help="kill -9 one detect replica, one lander and one worker while publishing "
+        "(each started again)",
+    )
     p.set_defaults(handler=run)
 
 
@@ -50,7 +59,15 @@ def run(args: argparse.Namespace, settings: RefinerySettings) -> int:
         faults=args.faults or FAULTS,
         lake=lake,
         report=Path(args.report) if args.report else None,
+        workers=args.workers,
+        detects=args.detects,
+        landers=args.landers,
+        kill=args.kill,
     )
+    for flag in ("workers", "detects", "landers"):
+        if getattr(args, flag) < 1:
+            print(f"refinery: error: --{flag} must be at least 1", file=sys.stderr)
+            return 2
 
     def say(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)

@@ -47,6 +47,10 @@ class DemoOptions:
     faults: str = FAULTS
     lake: Path = Path("lake")
     report: Path | None = None
+    workers: int = 1
+    detects: int = 1
+    landers: int = 1
+    kill: bool = False  # kill -9 one process of each stage mid-run, then start it again
 
 
 def run_demo(
@@ -58,6 +62,7 @@ def run_demo(
 
     started_broker: LocalKafka | None = None
     children: list[Child] = []
+    fleet: Fleet | None = None
     t0 = time.monotonic()
     try:
         if os.environ.get("REFINERY_BOOTSTRAP_SERVERS"):
@@ -84,37 +89,14 @@ def run_demo(
             "REFINERY_HOME": str(settings.home),
         }
         logdir = settings.home / "demo-logs"
-        worker = spawn(
-            "worker",
-            worker_args(prefix, settings.home / "demo-worker"),
-            env,
-            logdir,
-        )
-        detect = spawn(
-            "detect",
-            ["detect", "--topic-prefix", prefix, "--group", prefix + "detect"],
-            env,
-            logdir,
-        )
         land_topics = [f"{prefix}{t}={d}" for t, d in TOPIC_DATASETS.items()]
-        land = spawn(
-            "land",
-            [
-                "land",
-                "--group",
-                prefix + "land",
-                "--instance-id",
-                "demo",
-                "--max-age",
-                "2",
-                "--topics",
-                *land_topics,
-            ],
-            env,
-            logdir,
-        )
-        children = [worker, detect, land]
-        say(f"worker, detect and lander started (logs in {logdir})")
+        fleet = Fleet(env, logdir, _stage_args(prefix, settings.home, land_topics))
+        fleet.start("worker", opts.workers)
+        fleet.start("detect", opts.detects)
+        fleet.start("land", opts.landers)
+        children = fleet.children
+        say(f"{opts.workers} worker(s), {opts.detects} detect replica(s) and {opts.landers} "
+            f"lander(s) started (logs in {logdir})")  # fmt: skip
         wait_until(
             "the worker joins its group",
             lambda: _joined(conf, prefix + "worker"),
@@ -153,14 +135,15 @@ def run_demo(
                 )
             )
         )
+        chaos = _Chaos(fleet, say, opts.kill)
         rep = publish(
             sim,
             kafka,
             topics,
             truth,
             speed=1.0,
-            progress_cb=lambda p: say("  " + p.line()),
-            progress_every_s=10.0,
+            progress_cb=chaos.report,
+            progress_every_s=5.0 if opts.kill else 10.0,
         )
         if rep.unacked:
             raise RuntimeError(f"{rep.unacked} messages were not acknowledged by Kafka")
@@ -173,7 +156,7 @@ def run_demo(
             "the worker refines the backlog",
             lambda: group_lag(conf, prefix + "worker", inputs) == 0,
             180,
-            children,
+            fleet.children,
             say,
             detail=lambda: _lag_text(conf, prefix + "worker", inputs, prefix),
         )
@@ -189,27 +172,31 @@ def run_demo(
             "detect catches up",
             lambda: group_lag(conf, prefix + "detect", derived_in) == 0,
             120,
-            children,
+            fleet.children,
             say,
         )
         time.sleep(2)
-        detect.stop()  # flushes held collectives and open rollup windows
+        for c in fleet.of("detect"):
+            c.stop()  # flushes held collectives and open rollup windows
         land_in = [t.split("=")[0] for t in land_topics]
         wait_until(
             "the lake lands everything",
             lambda: group_lag(conf, prefix + "land", land_in) == 0,
             120,
-            [land, worker],
+            fleet.of("land") + fleet.of("worker"),
             say,
         )
-        for c in (land, worker):
+        for c in fleet.of("land") + fleet.of("worker"):
             c.stop()
+        summary_kills = fleet.kills
         say(f"pipeline drained in {time.monotonic() - t0:.0f}s; reading the lake…")
         summary = summarize(opts.lake, rep.as_dict(), _incidents(truth))
         summary["lake"] = str(opts.lake.resolve())
         summary["prefix"] = prefix
         summary["seconds"] = round(time.monotonic() - t0, 1)
         summary["raw_end_offsets"] = sum(end_offsets(conf, inputs).values())
+        summary["processes"] = {"worker": opts.workers, "detect": opts.detects,
+                                "land": opts.landers, "killed": summary_kills}  # fmt: skip
         from lab.verify.verdict import render as render_verdict
         from lab.verify.verdict import verify
 
@@ -218,11 +205,74 @@ def run_demo(
         summary["verify_text"] = render_verdict(verdict)
         return summary
     finally:
-        for c in children:
+        for c in fleet.children if fleet is not None else children:
             if c.alive():
                 c.stop(30)
         if started_broker is not None:
             started_broker.stop()
+
+
+def _stage_args(prefix: str, home: Path, land_topics: list[str]) -> dict[str, Any]:
+    """Per stage, the arguments of its ``i``-th process."""
+    return {
+        "worker": lambda i: worker_args(prefix, home / f"demo-worker-{i}"),
+        "detect": lambda i: ["detect", "--topic-prefix", prefix, "--group", prefix + "detect",
+                             "--data-dir", str(home / f"demo-detect-{i}")],
+        "land": lambda i: ["land", "--group", prefix + "land", "--instance-id", f"demo-{i}",
+                           "--max-age", "2", "--topics", *land_topics],
+    }  # fmt: skip
+
+
+class Fleet:
+    """The demo's processes by stage; one of a stage can be killed -9 and started again."""
+
+    def __init__(self, env: dict[str, str], logdir: Path, args: dict[str, Any]) -> None:
+        self.env, self.logdir, self.args = env, logdir, args
+        self.stages: dict[str, list[Child]] = {}
+        self.kills: dict[str, int] = {}
+
+    @property
+    def children(self) -> list[Child]:
+        return [c for cs in self.stages.values() for c in cs]
+
+    def of(self, stage: str) -> list[Child]:
+        return list(self.stages.get(stage, []))
+
+    def start(self, stage: str, n: int) -> None:
+        self.stages[stage] = [self._spawn(stage, i) for i in range(n)]
+
+    def _spawn(self, stage: str, i: int) -> Child:
+        name = stage if i == 0 else f"{stage}-{i}"
+        k = self.kills.get(stage, 0)
+        return spawn(name + (f".{k}" if k else ""), self.args[stage](i), self.env, self.logdir)
+
+    def kill9(self, stage: str, i: int = 0) -> None:
+        """SIGKILL the ``i``-th process of ``stage`` and start a new one in its place."""
+        c = self.stages[stage][i]
+        c.proc.kill()
+        c.proc.wait(10)
+        self.kills[stage] = self.kills.get(stage, 0) + 1
+        self.stages[stage][i] = self._spawn(stage, i)
+
+
+class _Chaos:
+    """With ``on``: at the publisher's 3rd, 4th and 5th progress report (every 5 s), kill -9
+    the last detect replica, the last lander and the last worker, one per report."""
+
+    def __init__(self, fleet: Fleet, say: Callable[[str], None], on: bool) -> None:
+        self.fleet, self.say, self.on, self.reports = fleet, say, on, 0
+
+    def report(self, p: Any) -> None:
+        """The publisher's progress report ``p``: say it, then the step's kill if any."""
+        self.say("  " + p.line())
+        self.reports += 1
+        order = {3: "detect", 4: "land", 5: "worker"}
+        stage = order.get(self.reports)
+        if not self.on or stage is None:
+            return
+        i = len(self.fleet.stages[stage]) - 1
+        self.say(f"  kill -9 {stage} #{i}, started again")
+        self.fleet.kill9(stage, i)
 
 
 def _lag_text(conf: dict[str, Any], group: str, topics: list[str], prefix: str) -> str:

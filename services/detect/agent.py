@@ -47,6 +47,8 @@ from mode import CrashingSupervisor
 
 from services.detect.core import DetectCore, DetectTopics
 from services.detect.detector import Detector
+from services.detect.progress import ProgressView, replica_id
+from services.detect.progress_feed import ProgressFeed, ensure_topic, progress_topic
 from services.detect.runner import DetectConfig, DetectRunner
 from services.kafka import hooks
 from services.kafka.faust_app import App as FaustApp
@@ -82,17 +84,23 @@ def build_detect_app(
     """A configured Faust app with the ``detect`` agent, its tick, signals and pages."""
     app = _faust_app(kafka, cfg)
     conf = kafka.librdkafka()
-    core = DetectCore(topics, detector, telemetry)
+    ptopic = progress_topic(cfg.group)
+    view = ProgressView(replica_id(), ensure_topic(conf, ptopic, topics.refined) or None)
+    detector.judge_on(view)
+    core = DetectCore(topics, detector, telemetry, view, ptopic)
     feed = TopologyFeed(conf, topics.topology, topics.jobs)
+    progress = ProgressFeed(conf, ptopic, view, cfg.lookback_s)
     outputs = OutputProducer(kafka, cfg.group)
-    runner = DetectRunner(app, conf, core, feed, outputs, telemetry, cfg)
+    runner = DetectRunner(app, conf, core, feed, progress, outputs, telemetry, cfg)
 
     async def detect(stream: Any) -> None:  # the agent services.detect.agent.detect
         await runner.run(stream)
 
     async def start_feed() -> None:
-        log.info("detect: subscribed to %s as group %s", ", ".join(topics.inputs), cfg.group)
+        log.info("detect: subscribed to %s as group %s (replica %s)",
+                 ", ".join(topics.inputs), cfg.group, view.replica)  # fmt: skip
         feed.start()
+        progress.start()
 
     async def assigned(partitions: set[Any]) -> None:
         shown = ", ".join(sorted(f"{tp.topic}:{tp.partition}" for tp in partitions))

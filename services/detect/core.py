@@ -21,16 +21,18 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pipelines.detect.episodes import OpenEpisode
 from pipelines.refine.enrich import TopologyIndex
 from schemas.codec import ipc_stream
 from schemas.topics import TOPICS, Topics
 from services.detect.detector import Detector, Emitted
+from services.detect.progress import AccountingProgress, Marker, PartitionProgress, ProgressView
 from services.kafka.feed import TopologyFeed
 from services.kafka.outputs import OutMessage
 from services.telemetry import ServiceTelemetry
@@ -103,11 +105,23 @@ class DetectCore:
     thread-safe: one caller at a time."""
 
     def __init__(
-        self, topics: DetectTopics, detector: Detector, telemetry: ServiceTelemetry
+        self,
+        topics: DetectTopics,
+        detector: Detector,
+        telemetry: ServiceTelemetry,
+        view: ProgressView | None = None,
+        progress_topic: str | None = None,
     ) -> None:
         self.topics = topics
         self.detector = detector
         self.telemetry = telemetry
+        # every replica's progress (the detector judges collectives on it) and where this
+        # replica's is published; None: a detector that reads every partition alone
+        self.view = view
+        self.progress_topic = progress_topic
+        self._node_part: dict[str, int] = {}  # node -> the refined partition of its rows
+        self._accounting_parts: set[int] = set()
+        self._sent_closed: set[str] = set()  # closed episodes already in a progress record
         # (raw topic, raw partition, node) -> highest raw offset seen: a node's rows come in
         # raw order (the refiner sends one node's rows of a group as one message); the nodes
         # of a raw partition interleave in it, and may be spread over several refined
@@ -125,6 +139,15 @@ class DetectCore:
         other is no longer assigned."""
         kept = {p: n for p, n in self._next.items() if p in set(keep)}
         self._next = kept | {s.partition: s.start for s in spans if s.topic == self.topics.refined}
+        self._sent_closed.clear()  # the next progress record carries every closed episode
+
+    def own(self, parts: Iterable[tuple[str, int]]) -> None:
+        """The input partitions now assigned (``(topic, partition)``)."""
+        parts = list(parts)
+        refined = {p for t, p in parts if t == self.topics.refined}
+        self._accounting_parts = {p for t, p in parts if t == self.topics.accounting}
+        if self.view is not None:
+            self.view.own(refined, self._accounting_parts)
 
     @property
     def refined_partitions(self) -> list[int]:
@@ -207,6 +230,7 @@ class DetectCore:
         self._latest[partition] = max(self._latest.get(partition, newest), newest)
         raw_part, raw_off = table.column("raw_partition"), table.column("raw_offset")
         node = str(table.column("node")[0].as_py())
+        self._node_part[node] = partition
         topic = _raw_topics(table)
         lo, hi = pc.min_max(raw_part).values()
         if lo.as_py() == hi.as_py() and isinstance(topic, str):
@@ -244,6 +268,17 @@ class DetectCore:
         long since detect last read some."""
         return any(0 <= nxt < high(p) for p, nxt in self._next.items())
 
+    def progress(self, high: Callable[[int], int], now: int) -> OutMessage | None:
+        """This replica's progress record (:mod:`services.detect.progress`), applied to its
+        own view; the record to publish (None without a view)."""
+        if self.view is None:
+            return None
+        m = progress_marker(self, high, now)
+        self.view.apply(m)
+        if self.progress_topic is None:
+            return None
+        return OutMessage(self.progress_topic, self.view.replica.encode(), m.to_json())
+
     def messages(self, out: Emitted) -> list[OutMessage]:
         """The records to publish for ``out`` (alerts and episodes as JSON keyed by entity,
         rollups as Arrow keyed by node), counted in :attr:`stats` and the telemetry."""
@@ -266,6 +301,42 @@ class DetectCore:
                 )
             self.stats["rollups"] += t.num_rows
         return msgs
+
+
+def progress_marker(core: DetectCore, high: Callable[[int], int], now: int) -> Marker:
+    """``core``'s refined partitions (how far read, their nodes and episodes) and
+    accounting partitions (silent and accounted nodes) as a progress record."""
+    assert core.view is not None
+    d, owned = core.detector, core._next
+    entries = {}
+    for p, nxt in owned.items():
+        hi = high(p)
+        entries[p] = PartitionProgress(hi < 0 or nxt < hi, core._latest.get(p))
+    first = min(owned, default=None)
+    for node, ts in d.node_latest.items():
+        q = core._node_part.get(node)
+        if q is not None and q in entries:
+            entries[q].nodes[node] = ts
+    for e in d.episodes.open.values():
+        q = _episode_part(core._node_part, e, first)
+        if q is not None and q in entries:
+            entries[q].open.append(asdict(e))
+    for e in d.episodes.recent:
+        q = _episode_part(core._node_part, e, first)
+        if q is not None and q in entries and e.id not in core._sent_closed:
+            entries[q].closed.append(asdict(e))
+            core._sent_closed.add(e.id)
+    core._sent_closed &= {e.id for e in d.episodes.recent}  # those no longer kept: forgotten
+    silent = sorted(d.engine.silent_nodes())
+    accounted = sorted(d.engine.accounted_nodes())
+    acc = {a: AccountingProgress(silent, accounted) for a in core._accounting_parts}
+    return Marker(core.view.replica, now, entries, acc)
+
+
+def _episode_part(node_part: Mapping[str, int], e: OpenEpisode, first: int | None) -> int | None:
+    """The refined partition of an episode's nodes (the first known), else ``first``."""
+    names = [*e.nodes, e.entity.split("/", 1)[0]]
+    return next((node_part[n] for n in names if n in node_part), first)
 
 
 def _raw_topics(table: pa.Table) -> str | pa.Array:

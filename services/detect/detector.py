@@ -16,15 +16,16 @@ the data time every refined partition has reached, which the service computes an
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipelines._arrow import MetricRows
-from pipelines.detect.episodes import EpisodeSettings, EpisodeTracker
+from pipelines.detect.episodes import EpisodeSettings, EpisodeTracker, OpenEpisode
 from pipelines.detect.rollup import Rollup, RollupSettings
 from pipelines.detect.rule_config import load_rules
 from pipelines.detect.rules import RuleEngine
@@ -33,16 +34,9 @@ from schemas.catalog import Catalog
 from schemas.records import Alert, Episode, JobPlacement
 from schemas.topics import TOPICS
 from services.data_files import data_path
+from services.detect.collectives import CollectiveJudge, Coverage
 
 DEFAULT_RULES = data_path("deploy", "rules", "default.yaml")
-FIRST_DATA_NS = 120_000_000_000  # how long held collectives wait for the first refined data
-# how long held collectives wait while refined data has stopped with none left to read: a
-# worker killed and started again (Faust's start, its state's recovery) takes tens of seconds
-STALL_NS = 60_000_000_000
-# how long (wall time) collectives the watermark has passed wait for a node of their job not
-# read that far: a worker catching up on a backlog reads nodes tens of seconds apart; a node
-# whose data ended (a job's nodes gone, no silence judged) must not hold them for good
-NODE_WAIT_NS = 60_000_000_000
 
 
 @dataclass
@@ -69,17 +63,25 @@ class Detector:
         episodes: EpisodeSettings | None = None,
         rollups: RollupSettings | None = None,
         grace_ns: int = 3_000_000_000,
+        coverage: Coverage | None = None,
     ) -> None:
         self.engine = RuleEngine(load_rules(rules_path, catalog), catalog, raw_topic=raw_topic)
         self.episodes = EpisodeTracker(episodes or EpisodeSettings())
         self.stragglers = StragglerDetector([], topology)
         self.rollup = Rollup(rollups or RollupSettings())
-        self.watermark = 0  # aligned ts every refined partition has reached (see advance)
+        self.watermark = 0  # aligned ts every refined partition it reads has reached
         self.newest = 0  # newest aligned ts seen in any refined batch
-        self.grace_ns = grace_ns
-        self._held: list[_Held] = []
-        self._node_latest: dict[str, int] = {}  # node -> newest aligned ts read of its rows
-        self._stalled_since: int | None = None  # wall ns since when held data waits in vain
+        self.refined_batches = 0
+        self.node_latest: dict[str, int] = {}  # node -> newest aligned ts read of its rows
+        # what refined data covers for the collectives: every replica's progress (a
+        # ProgressView), or by default this detector's own (it reads every partition)
+        self.own = OwnCoverage(self)
+        self.collectives = CollectiveJudge(self.stragglers, coverage or self.own, grace_ns)
+
+    def judge_on(self, coverage: Coverage) -> None:
+        """Judge collectives on ``coverage`` (every replica's progress) instead of this
+        detector's own."""
+        self.collectives.view = coverage
 
     def set_topology(self, topology: PathLookup) -> None:
         self.stragglers.topology = topology
@@ -101,19 +103,15 @@ class Detector:
         if table.num_rows:
             self.newest = max(self.newest, int(pc.max(table.column("ts")).as_py()))
             self._read_nodes(table)
-            # refined data still comes (a backlog being caught up partition by partition, a
-            # worker starting on one): the watermark will move, held collectives wait for it
-            self._stalled_since = None
+            self.refined_batches += 1
         return out
 
     def advance(self, watermark_ns: int, now_ns: int) -> Emitted:
-        """Every refined partition has reached ``watermark_ns`` (aligned ts): judge the
-        collectives it covers. ``now_ns`` (wall) only stamps records and times stalls.
-        The watermark never moves back."""
-        if watermark_ns > self.watermark:
-            self.watermark = watermark_ns
-            self._stalled_since = None
-        return self._release_collectives(now_ns)
+        """Every refined partition this detector reads has reached ``watermark_ns`` (aligned
+        ts); judge the collectives refined data covers. ``now_ns`` (wall) only stamps
+        records and times stalls. The watermark never moves back."""
+        self.watermark = max(self.watermark, watermark_ns)
+        return Emitted(alerts=self.collectives.release(now_ns))
 
     def on_events(self, table: pa.Table, now_ns: int) -> Emitted:
         """Aligned events (``ts`` aligned, ``node`` column): onsets of XIDs, link flaps..."""
@@ -121,13 +119,13 @@ class Detector:
         return Emitted(alerts=self.engine.on_events(ev, now_ns))
 
     def on_collectives(self, table: pa.Table, now_ns: int) -> Emitted:
-        """Collectives wait until refined data covers their time plus ``grace_ns``, so the
-        congestion episodes on the stragglers' paths are open before they are judged."""
+        """Collectives wait until refined data covers their time plus the grace, so the
+        congestion episodes on the stragglers' paths are open before they are judged
+        (:class:`~services.detect.collectives.CollectiveJudge`); judged on
+        :meth:`advance` and :meth:`tick`."""
         if table.num_rows:
-            t = _as_ts_ns(table)
-            due = int(pc.max(t.column("ts_ns")).as_py()) + self.grace_ns
-            self._held.append(_Held(due, tuple(pc.unique(t.column("job")).to_pylist()), t))
-        return self._release_collectives(now_ns)
+            self.collectives.hold(_as_ts_ns(table))
+        return Emitted()
 
     def _read_nodes(self, table: pa.Table) -> None:
         """Each node's rows come in its raw order: the newest ts read of a node is how far
@@ -135,57 +133,10 @@ class Detector:
         if "node" not in table.column_names:
             return
         newest = table.group_by("node").aggregate([("ts", "max")])
-        latest = self._node_latest
+        latest = self.node_latest
         for node, ts in zip(newest["node"].to_pylist(), newest["ts_max"].to_pylist(), strict=True):
             if node is not None and ts > latest.get(node, 0):
                 latest[node] = ts
-
-    def _reach(self) -> Callable[[str], float]:
-        """Per job, the least newest ts read of the nodes its collectives wait for: every
-        node of the job, but for nodes found silent and nodes of which neither refined rows
-        nor accounting were read (not monitored). Computed once per job per call."""
-        silent, accounted = self.engine.silent_nodes(), self.engine.accounted_nodes()
-        placements, latest, memo = self.stragglers.placements, self._node_latest, {}
-
-        def reach(job: str) -> float:
-            if job not in memo:
-                p = placements.get(job)
-                waited = [
-                    latest.get(n, 0)
-                    for n in (p.nodes if p is not None else ())
-                    if n not in silent and (n in latest or n in accounted)
-                ]
-                memo[job] = min(waited, default=math.inf)
-            return memo[job]
-
-        return reach
-
-    def _release_collectives(self, now_ns: int, force: bool = False) -> Emitted:
-        """Judge the held collectives refined data covers plus the grace (all with
-        ``force``): the watermark has passed them, and so has every node of their jobs
-        (refined partitions interleave nodes read at paces of their own: one node ahead moves
-        a partition's newest ts past another's), but for nodes found silent. A node behind
-        holds them back ``NODE_WAIT_NS`` of wall time at most; a node not monitored does
-        not."""
-        wm = self.watermark
-        passed = [h for h in self._held if force or h.due <= wm]
-        if not passed:
-            return Emitted()
-        if not force:
-            reach = self._reach()
-            for h in passed:
-                h.passed_ns = h.passed_ns or now_ns
-            passed = [
-                h
-                for h in passed
-                if now_ns - h.passed_ns >= NODE_WAIT_NS or all(reach(j) >= h.due for j in h.jobs)
-            ]
-            if not passed:
-                return Emitted()
-        gone = {id(h) for h in passed}
-        self._held = [h for h in self._held if id(h) not in gone]
-        coll = pa.concat_tables([h.table for h in passed])
-        return Emitted(alerts=self.stragglers.update(coll, self.episodes.all_episodes(), now_ns))
 
     def on_deadletters(self, count: int, now_ns: int) -> None:
         self.engine.on_deadletters(count, now_ns)
@@ -210,48 +161,61 @@ class Detector:
         a backlog does not close episodes early; silent sources are judged on each raw
         partition's progress in broker time (:meth:`on_progress`), so a refiner behind or
         restarting makes nobody silent; a whole pipeline going quiet is the freshness
-        rule's business. Collectives are judged anyway once neither the watermark has moved
-        nor refined data come for ``STALL_NS`` of wall time (``now_ns``) while they wait
-        and none is left to read (``refined_pending``: records of an assigned refined
-        partition past detect's position): refined data stopped, and it is only ever judged
-        once. Refined data still queued in the broker is coming, however slowly detect
-        reads it on a busy host, so the stragglers' causes are judged on it."""
-        out = Emitted()
-        if self._held and refined_pending:
-            self._stalled_since = None
-        elif self._held:
-            self._stalled_since = self._stalled_since or now_ns
-            # before this process has seen any refined data (a worker starting on a backlog
-            # takes a while for its first refined group), the refined stream is not stalled,
-            # it has not begun: wait for it longer
-            seen = self.newest or self.watermark
-            patience = STALL_NS if seen else max(STALL_NS, FIRST_DATA_NS)
-            if now_ns - self._stalled_since > patience:
-                out.extend(self._release_collectives(now_ns, force=True))
+        rule's business. Held collectives: see :meth:`CollectiveJudge.tick`
+        (``refined_pending``: records of a refined partition this detector reads are left
+        past its position, for its own coverage)."""
+        self.own.refined_pending = refined_pending
+        out = Emitted(alerts=self.collectives.tick(now_ns))
         if self.watermark:
             out.alerts += self.engine.tick(self.watermark)
             out.episodes += self.episodes.tick(self.watermark)
-            out.alerts += self.stragglers.tick(self.watermark)
         return out
 
     def flush(self) -> Emitted:
         """At shutdown: judge held collectives, close rollup windows."""
-        out = self._release_collectives(0, force=True) if self._held else Emitted()
+        out = Emitted(alerts=self.collectives.flush())
         rolled = self.rollup.flush()
         if rolled.num_rows:
             out.rollups.append(rolled)
         return out
 
 
-@dataclass
-class _Held:
-    """Collectives waiting for refined data to cover ``due`` (their newest ts plus the
-    grace), of ``jobs``; ``passed_ns``: when (wall) the watermark passed ``due``."""
+class OwnCoverage:
+    """A detector's own :class:`~services.detect.collectives.Coverage`, for one that reads
+    every refined partition: its watermark, its nodes' newest ts, its silence judgement and
+    its episodes."""
 
-    due: int
-    jobs: tuple[str, ...]
-    table: pa.Table
-    passed_ns: int = 0
+    def __init__(self, detector: Detector) -> None:
+        self.d = detector
+        self.refined_pending = False
+
+    def watermark(self) -> int | None:
+        return self.d.watermark or None
+
+    def pending(self) -> bool:
+        return self.refined_pending
+
+    def seen(self) -> bool:
+        return bool(self.d.newest or self.d.watermark)
+
+    def moved(self) -> int:
+        return self.d.refined_batches
+
+    def reach(self, placements: Mapping[str, Any]) -> dict[str, float]:
+        silent, accounted = self.d.engine.silent_nodes(), self.d.engine.accounted_nodes()
+        latest = self.d.node_latest
+
+        def waited(nodes: list[str]) -> list[int]:
+            return [
+                latest.get(n, 0)
+                for n in nodes
+                if n not in silent and (n in latest or n in accounted)
+            ]
+
+        return {job: min(waited(p.nodes), default=math.inf) for job, p in placements.items()}
+
+    def episodes(self, watermark: int | None) -> list[OpenEpisode]:
+        return self.d.episodes.all_episodes()
 
 
 def _as_ts_ns(table: pa.Table) -> pa.Table:

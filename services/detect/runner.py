@@ -17,6 +17,7 @@ from faust.types import TP
 
 from services.detect.core import DetectCore
 from services.detect.detector import Emitted
+from services.detect.progress_feed import ProgressFeed
 from services.detect.warmup import warm_up
 from services.gc_pacer import GcPacer
 from services.kafka.feed import TopologyFeed
@@ -64,11 +65,13 @@ class DetectRunner:
         conf: dict[str, Any],
         core: DetectCore,
         feed: TopologyFeed,
+        progress_feed: ProgressFeed,
         outputs: OutputProducer,
         telemetry: ServiceTelemetry,
         cfg: DetectConfig,
     ) -> None:
         self.app, self.conf, self.core, self.feed = app, conf, core, feed
+        self.progress_feed = progress_feed
         self.outputs, self.telemetry, self.cfg = outputs, telemetry, cfg
         self.state = _State()
         self.progress = Progress()
@@ -89,11 +92,14 @@ class DetectRunner:
             return -1
         return -1 if h is None else int(h)
 
-    def _advanced(self, out: Emitted, now: int) -> Emitted:
+    def _advanced(self, out: Emitted, now: int) -> list[OutMessage]:
+        """``out`` and what the watermark makes due, after this replica's progress record
+        (applied to its view first: its collectives are judged on it), as records."""
+        marker = self.core.progress(self._high, now)
         wm = self.core.watermark(self._high)
         if wm is not None:
             out.extend(self.core.detector.advance(wm, now))
-        return out
+        return self.core.messages(out) + ([marker] if marker is not None else [])
 
     async def run(self, stream: Any) -> None:
         """The agent's body: per group, route its records to the detector, publish what came
@@ -139,7 +145,7 @@ class DetectRunner:
         # meanwhile serves fetches, sends, heartbeats and the web page
         loop = asyncio.get_running_loop()
         out = await loop.run_in_executor(None, core.route_group, todo, now)
-        return core.messages(self._advanced(out, now))
+        return self._advanced(out, now)
 
     async def _fetch_between(self, topic: str, partition: int, start: int, end: int) -> list[Any]:
         """Records ``[start, end)`` the stream never handed over (offsets are contiguous)."""
@@ -157,6 +163,7 @@ class DetectRunner:
         mine = {(tp.topic, tp.partition) for tp in assigned if tp.topic in self.inputs}
         new = sorted(mine - state.owned)
         state.owned = mine
+        self.core.own(mine)
         for tp in list(state.next_offset):
             if tp not in mine:
                 del state.next_offset[tp]
@@ -172,6 +179,7 @@ class DetectRunner:
         try:
             async with self.lock:
                 await loop.run_in_executor(None, self.feed.wait_caught_up, 60)
+                await loop.run_in_executor(None, self.progress_feed.wait_caught_up, 60)
                 core.sync_topology(self.feed)
                 t0, n0 = time.monotonic(), core.stats["warmup"]
                 spans, out = await loop.run_in_executor(
@@ -196,13 +204,15 @@ class DetectRunner:
         ``idle_exit_s`` without input."""
         if not self.ready.is_set() or self.state.flushed:
             return
+        if self.progress_feed.error is not None:
+            raise RuntimeError(f"progress feed failed: {self.progress_feed.error}")
         async with self.lock:
             self.core.sync_topology(self.feed)
             now = time.time_ns()
-            out = self._advanced(Emitted(), now)  # the watermark first, then what it makes due
+            msgs = self._advanced(Emitted(), now)  # the watermark first, then what it makes due
             pending = self.core.refined_pending(self._high)
-            out.extend(self.core.detector.tick(now, refined_pending=pending))
-            await self._publish(self.core.messages(out))
+            out = self.core.detector.tick(now, refined_pending=pending)
+            await self._publish(msgs + self.core.messages(out))
         self.telemetry.gauge("detect.groups", self.progress.groups)
         idle = time.monotonic() - self.state.last_data
         if self.cfg.idle_exit_s is not None and idle > self.cfg.idle_exit_s:
@@ -227,6 +237,7 @@ class DetectRunner:
         except Exception as e:  # stopping anyway; the next process warms up again
             log.warning("detect: final flush not published: %s", e)
         self.feed.stop()
+        self.progress_feed.stop()
 
     def health(self) -> tuple[dict[str, Any], bool]:
         """``/health``'s body, and whether detect is healthy (200; else 503)."""

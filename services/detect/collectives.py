@@ -1,0 +1,142 @@
+"""The cross-layer stage of detect: a job's collectives, held until refined data covers
+them, then judged for stragglers against the episodes on the ranks' paths.
+
+A replica judges the jobs of the collectives partitions it owns (collectives are keyed by
+job). What refined data covers, and the episodes, come from every replica through the
+:class:`~services.detect.progress.ProgressView` (its :class:`Coverage`), so a replica owning
+no refined partition of a job's nodes judges it as one process owning everything would.
+
+Time: collectives wait for the view's watermark (the data time every refined partition has
+reached) to pass their newest ts plus the grace, and for every node of their jobs to reach it
+(one refined partition interleaves nodes read at paces of their own), but for nodes found
+silent or not monitored. A node behind holds them ``NODE_WAIT_NS`` of wall time at most. When
+refined data has stopped (the watermark stands and no partition has records left to read for
+``STALL_NS`` of wall time) they are judged anyway.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pipelines.detect.episodes import OpenEpisode
+from pipelines.detect.stragglers import StragglerDetector
+from schemas.records import Alert
+
+FIRST_DATA_NS = 120_000_000_000  # how long held collectives wait for the first refined data
+# how long held collectives wait while refined data has stopped with none left to read: a
+# worker killed and started again (Faust's start, its state's recovery) takes tens of seconds
+STALL_NS = 60_000_000_000
+# how long (wall time) collectives the watermark has passed wait for a node of their job not
+# read that far: a worker catching up on a backlog reads nodes tens of seconds apart; a node
+# whose data ended (a job's nodes gone, no silence judged) must not hold them for good
+NODE_WAIT_NS = 60_000_000_000
+
+
+class Coverage(Protocol):
+    """What refined data covers: a :class:`~services.detect.progress.ProgressView` (every
+    replica's progress), or one detector's own state when it owns every partition."""
+
+    def watermark(self) -> int | None: ...
+
+    def pending(self) -> bool: ...
+
+    def seen(self) -> bool: ...
+
+    def moved(self) -> int: ...
+
+    def reach(self, placements: Mapping[str, Any]) -> dict[str, float]: ...
+
+    def episodes(self, watermark: int | None) -> list[OpenEpisode]: ...
+
+
+@dataclass
+class _Held:
+    """Collectives waiting for refined data to cover ``due`` (their newest ts plus the
+    grace), of ``jobs``; ``passed_ns``: when (wall) the watermark passed ``due``."""
+
+    due: int
+    jobs: tuple[str, ...]
+    table: pa.Table
+    passed_ns: int = 0
+
+
+class CollectiveJudge:
+    """Held collectives and the straggler detector they feed."""
+
+    def __init__(
+        self, stragglers: StragglerDetector, view: Coverage, grace_ns: int = 3_000_000_000
+    ) -> None:
+        self.stragglers = stragglers
+        self.view = view
+        self.grace_ns = grace_ns
+        self.watermark = 0  # the view's watermark as last read (never moves back)
+        self._held: list[_Held] = []
+        self._stalled_since: int | None = None  # wall ns since when held data waits in vain
+        self._moved = 0  # the coverage's moved() as last read
+
+    @property
+    def holding(self) -> int:
+        return sum(h.table.num_rows for h in self._held)
+
+    def hold(self, table: pa.Table) -> None:
+        """Aligned collectives (``ts_ns`` aligned): held until covered (see the module)."""
+        if table.num_rows:
+            due = int(pc.max(table.column("ts_ns")).as_py()) + self.grace_ns
+            self._held.append(_Held(due, tuple(pc.unique(table.column("job")).to_pylist()), table))
+
+    def release(self, now_ns: int, force: bool = False) -> list[Alert]:
+        """Judge the held collectives refined data covers (all with ``force``)."""
+        wm = self.view.watermark()
+        if wm is not None and wm > self.watermark:
+            self.watermark = wm
+            self._stalled_since = None
+        passed = [h for h in self._held if force or h.due <= self.watermark]
+        if not passed:
+            return []
+        if not force:
+            jobs = {j for h in passed for j in h.jobs}
+            placements = self.stragglers.placements
+            reach = self.view.reach({j: placements[j] for j in jobs if j in placements})
+            for h in passed:
+                h.passed_ns = h.passed_ns or now_ns
+            passed = [
+                h
+                for h in passed
+                if now_ns - h.passed_ns >= NODE_WAIT_NS
+                or all(reach.get(j, math.inf) >= h.due for j in h.jobs)
+            ]
+            if not passed:
+                return []
+        gone = {id(h) for h in passed}
+        self._held = [h for h in self._held if id(h) not in gone]
+        coll = pa.concat_tables([h.table for h in passed])
+        return self.stragglers.update(coll, self.view.episodes(self.watermark or None), now_ns)
+
+    def tick(self, now_ns: int) -> list[Alert]:
+        """Release what is covered; judge everything held once refined data has stopped
+        (see the module: refined records came since the last tick, or are left to read,
+        and it has not); resolve straggler episodes quiet at the watermark."""
+        out = self.release(now_ns)
+        moved, self._moved = self._moved, self.view.moved()
+        if self._held and (self.view.pending() or moved != self._moved):
+            self._stalled_since = None
+        elif self._held:
+            self._stalled_since = self._stalled_since or now_ns
+            # before any refined data was read (a worker starting on a backlog takes a
+            # while for its first refined group), the refined stream has not begun
+            patience = STALL_NS if self.view.seen() else max(STALL_NS, FIRST_DATA_NS)
+            if now_ns - self._stalled_since > patience:
+                out += self.release(now_ns, force=True)
+        if self.watermark:
+            out += self.stragglers.tick(self.watermark)
+        return out
+
+    def flush(self) -> list[Alert]:
+        """At shutdown: judge everything held."""
+        return self.release(0, force=True) if self._held else []
