@@ -25,8 +25,15 @@ A record at an offset already fed (a rebalance makes the consumer resume from th
 offset) is skipped; one after a jump in a partition's offsets is preceded by the records in
 between, fetched directly (as the refining worker does).
 
-One process owns every partition: cross-layer answers need every node's episodes next to
-every job's collectives. Run one per cluster. A failing agent crashes the process non-zero
+Replicas: several processes with one ``--group`` share the input partitions (Faust's
+assignor). Node-local judgement (rules, silence, episodes, rollups) follows the refined,
+events and accounting partitions a replica owns; a job's stragglers are judged by the owner
+of its collectives partition (collectives are keyed by job), on what every replica publishes
+to the group's progress topic after each group and tick: how far each refined partition is
+read, its nodes' newest ts, its episodes (:mod:`~services.detect.progress`, followed by
+:class:`~services.detect.progress_feed.ProgressFeed`). A replica killed holds the judgement
+of collectives until its partitions are assigned again and warmed up; ids are functions of
+the data, so they stay stable across replicas. A failing agent crashes the process non-zero
 (``CrashingSupervisor``); SIGTERM stops it cleanly (exit 0) after publishing what the
 detector still holds (:meth:`Detector.flush`); so does ``idle_exit_s`` without input,
 counted from the end of the warm-up.

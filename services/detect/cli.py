@@ -23,8 +23,9 @@ def add_parser(sub: Any) -> None:
         "detect",
         help="derived streams: alerts, episodes with causes, rollups",
         description="Consume telemetry.refined and the aligned events/collectives, evaluate the "
-        "rules, publish telemetry.alerts, telemetry.episodes and telemetry.rollups. One "
-        "process owns every partition: run one per cluster. Stops on SIGTERM/Ctrl-C (exit 0).",
+        "rules, publish telemetry.alerts, telemetry.episodes and telemetry.rollups. Replicas "
+        "with one --group share the partitions; a job's stragglers are judged by the owner of "
+        "its collectives on every replica's progress. Stops on SIGTERM/Ctrl-C (exit 0).",
     )
     p.add_argument("--rules", help="rule file (default deploy/rules/default.yaml)")
     p.add_argument("--topic-prefix", default="", help="prefix of every topic name (tests)")

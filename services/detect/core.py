@@ -37,6 +37,7 @@ from services.kafka.feed import TopologyFeed
 from services.kafka.outputs import OutMessage
 from services.telemetry import ServiceTelemetry
 
+DEADLETTER_KEEP_S = 600  # dead-letter seconds kept per accounting partition (rate windows)
 ARROW_HEADERS = [("content-type", b"application/vnd.apache.arrow.stream")]
 
 
@@ -121,6 +122,8 @@ class DetectCore:
         self.progress_topic = progress_topic
         self._node_part: dict[str, int] = {}  # node -> the refined partition of its rows
         self._accounting_parts: set[int] = set()
+        # with a view: dead letters per accounting partition, per second of append time
+        self._deadletters: dict[int, dict[int, int]] = {}
         self._sent_closed: set[str] = set()  # closed episodes already in a progress record
         # (raw topic, raw partition, node) -> highest raw offset seen: a node's rows come in
         # raw order (the refiner sends one node's rows of a group as one message); the nodes
@@ -146,6 +149,9 @@ class DetectCore:
         parts = list(parts)
         refined = {p for t, p in parts if t == self.topics.refined}
         self._accounting_parts = {p for t, p in parts if t == self.topics.accounting}
+        self._deadletters = {
+            p: v for p, v in self._deadletters.items() if p in self._accounting_parts
+        }
         if self.view is not None:
             self.view.own(refined, self._accounting_parts)
 
@@ -184,7 +190,7 @@ class DetectCore:
                 if t is not None:
                     tables.append(t)
             elif topic == self.topics.accounting:
-                self._accounted(json.loads(value), now)
+                self._accounted(json.loads(value), now, partition)
             elif topic == self.topics.events:
                 out.extend(self.detector.on_events(pa.ipc.open_stream(value).read_all(), now))
             else:
@@ -196,7 +202,7 @@ class DetectCore:
             out.extend(self.detector.on_refined(one, now))
         return out
 
-    def _accounted(self, doc: dict[str, Any], now: int) -> None:
+    def _accounted(self, doc: dict[str, Any], now: int, partition: int = 0) -> None:
         """An accounting record: the refiner's progress on its raw partition (silence is
         judged on it) and its dead letters, at the raw record's broker append time."""
         append = doc.get("append_ms")
@@ -215,7 +221,14 @@ class DetectCore:
             )
         if doc.get("outcome") == "deadletter" or doc.get("quarantined_samples"):
             n = 1 if doc.get("outcome") == "deadletter" else int(doc["quarantined_samples"])
-            self.detector.on_deadletters(n, at)
+            if self.view is None:
+                self.detector.on_deadletters(n, at)
+            else:  # a cluster's rate: summed over every replica's partitions (progress)
+                per = self._deadletters.setdefault(partition, {})
+                sec = at // 1_000_000_000
+                per[sec] = per.get(sec, 0) + n
+                for old in [k for k in per if k < sec - DEADLETTER_KEEP_S]:
+                    del per[old]
 
     def _refined(self, partition: int, offset: int, value: bytes) -> pa.Table | None:
         """A refined record's rows, less those of raw positions already seen (a refiner's
@@ -275,6 +288,9 @@ class DetectCore:
             return None
         m = progress_marker(self, high, now)
         self.view.apply(m)
+        # the owner of accounting partition 0 judges the cluster's dead-letter rate
+        buckets = self.view.deadletters() if 0 in self._accounting_parts else {}
+        self.detector.engine.deadletters.buckets = buckets
         if self.progress_topic is None:
             return None
         return OutMessage(self.progress_topic, self.view.replica.encode(), m.to_json())
@@ -329,7 +345,12 @@ def progress_marker(core: DetectCore, high: Callable[[int], int], now: int) -> M
     core._sent_closed &= {e.id for e in d.episodes.recent}  # those no longer kept: forgotten
     silent = sorted(d.engine.silent_nodes())
     accounted = sorted(d.engine.accounted_nodes())
-    acc = {a: AccountingProgress(silent, accounted) for a in core._accounting_parts}
+    acc = {
+        a: AccountingProgress(
+            silent, accounted, [[k, v] for k, v in sorted(core._deadletters.get(a, {}).items())]
+        )
+        for a in core._accounting_parts
+    }
     return Marker(core.view.replica, now, entries, acc)
 
 

@@ -18,8 +18,10 @@ each tick, and every replica follows that topic into a :class:`ProgressView`:
   ``closed``: episodes closed since the replica's previous record of the partition (all it
   holds in the first one after an assignment); the view keeps closed ones ``retain_ns``.
 
-Per accounting partition a replica publishes the nodes it found silent and the nodes it has
-accounting for (silence is judged on the accounting partitions). A partition's newest record
+Per accounting partition a replica publishes the nodes it found silent, the nodes it has
+accounting for (silence is judged on the accounting partitions) and its dead letters per
+second; the dead-letter rate is a cluster's figure, judged by the owner of accounting
+partition 0 on the sum. A partition's newest record
 wins; records of partitions a replica owns itself are applied locally, never from the topic
 (its own view is the freshest). Ids are functions of the data, so two replicas that tracked
 one episode across a rebalance publish the same episode.
@@ -65,6 +67,8 @@ class AccountingProgress:
 
     silent: list[str] = field(default_factory=list)
     accounted: list[str] = field(default_factory=list)
+    # dead letters of the partition per second of broker append time: [[second, count]...]
+    deadletters: list[list[int]] = field(default_factory=list)
 
 
 @dataclass
@@ -150,6 +154,15 @@ class ProgressView:
         if behind:
             return min(behind)
         return max((e.latest for e in entries.values() if e.latest is not None), default=None)
+
+    def deadletters(self) -> dict[int, int]:
+        """Dead letters of every accounting partition per second of broker append time."""
+        out: dict[int, int] = {}
+        with self._lock:
+            for a in self._accounting.values():
+                for sec, n in a.deadletters:
+                    out[sec] = out.get(sec, 0) + n
+        return out
 
     def pending(self) -> bool:
         """Whether some refined partition still has records to read."""

@@ -5,6 +5,8 @@ process owning everything makes."""
 
 from __future__ import annotations
 
+import json
+
 import pyarrow as pa
 
 from schemas.catalog import default_catalog
@@ -119,3 +121,40 @@ def test_a_record_about_a_partition_a_replica_owns_is_not_taken_from_others() ->
 def test_progress_records_round_trip() -> None:
     m = Marker("r", 5, {3: PartitionProgress(True, 7, {"n1": 7})})
     assert Marker.from_json(m.to_json()) == m
+
+
+def deadletters(partition: int, n: int, t0_s: int) -> list[tuple[str, int, int, bytes]]:
+    """``n`` dead-lettered raw records accounted on ``partition``, one every 250 ms."""
+    out = []
+    for i in range(n):
+        doc = {"outcome": "deadletter", "append_ms": (T0 // 1_000_000) + t0_s * 1000 + i * 250,
+               "raw_partition": partition, "raw_offset": i, "node": f"n{partition}"}  # fmt: skip
+        out.append((TOPICS.accounting, partition, i, json.dumps(doc).encode()))
+    return out
+
+
+def test_the_dead_letter_rate_is_the_clusters_judged_by_the_owner_of_partition_0() -> None:
+    a, b = Replica("a"), Replica("b")
+    a.core.own([(TOPICS.accounting, 0)])
+    b.core.own([(TOPICS.accounting, 1)])
+    # 4/s on each partition over a minute: 8/s in all, above the rule's 5/s; neither alone is
+    a.core.route_group(deadletters(0, 240, 0), T0)
+    b.core.route_group(deadletters(1, 240, 0), T0)
+    for r, other in ((a, b), (b, a)):
+        other.view.apply(r.publish(T0 + 60 * S))
+    a.publish(T0 + 60 * S)
+    b.publish(T0 + 60 * S)
+    fired = {
+        name: [x for x in r.detector.engine.tick(T0 + 60 * S) if x.rule == "deadletter_rate"]
+        for name, r in (("a", a), ("b", b))
+    }
+    assert [x.state.value for x in fired["a"]] == ["firing"] and fired["b"] == []
+    assert fired["a"][0].evidence["rate_per_s"] > 5
+
+
+def test_one_partitions_dead_letters_alone_stay_below_the_rate() -> None:
+    a = Replica("a")
+    a.core.own([(TOPICS.accounting, 0)])
+    a.core.route_group(deadletters(0, 240, 0), T0)
+    a.publish(T0 + 60 * S)
+    assert [x for x in a.detector.engine.tick(T0 + 60 * S) if x.rule == "deadletter_rate"] == []
