@@ -35,6 +35,7 @@ BENCHMARKS = (
     "sasl",
     "ingest",
     "ingest_worker",
+    "detect_stage",
 )
 NEEDS_KAFKA = {
     "worker_throughput",
@@ -70,18 +71,20 @@ class Sizes:
     # ingest adapters: CPU seconds of each decode rate, messages of each in-process refine
     # rate and of each worker backlog (one-line formats: ten times as many; 0: not run)
     ingest: tuple[float, int, int] = (2.0, 400, 600)
+    # detect_stage: node counts replayed in-process, seconds simulated each
+    detect: tuple[tuple[int, ...], int] = ((24, 96, 384), 30)
 
     @classmethod
     def of(cls, mode: str) -> Sizes:
         if mode == "smoke":  # every figure once, at sizes too small to mean much (CI)
             return cls(
                 150_000, 20, 10, 15, 1, 20_000, 5, 60.0, 25, 60_000.0, False, (8, 60, 1),
-                (0.2, 40, 0),
+                (0.2, 40, 0), ((8, 16, 32), 8),
             )  # fmt: skip
         if mode == "quick":
             return cls(
                 900_000, 250, 40, 30, 1, 100_000, 20, 60.0, 60, lake_penalty=(16, 300, 3),
-                ingest=(1.0, 200, 300),
+                ingest=(1.0, 200, 300), detect=((24, 96, 192), 20),
             )  # fmt: skip
         return cls(8_000_000, 1000, 300, 60, 2, 2_000_000, 200, 300.0, 360)
 
@@ -343,6 +346,12 @@ def _plan(
 
         return [bench_ingest_worker(k, sizes.ingest[2])]
 
+    def detect_stage() -> list[Any]:
+        from lab.bench.detect_stage import bench_detect_stage
+
+        with tempfile.TemporaryDirectory(prefix="refinery-detect-stage-") as tmp:
+            return [bench_detect_stage(Path(tmp), *sizes.detect)]
+
     steps: dict[str, Step] = {
         "worker_throughput": throughput,
         "refine_memory": lambda: [local.bench_refine_memory(sizes.memory_sources)],
@@ -356,6 +365,7 @@ def _plan(
         "sasl": lambda: [local.bench_sasl(quick=sizes.samples < 1_000_000)],
         "ingest": ingest,
         "ingest_worker": ingest_worker,
+        "detect_stage": detect_stage,
     }
     return [(n, steps[n]) for n in names]
 

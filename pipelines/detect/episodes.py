@@ -30,7 +30,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipelines._arrow import column, true_mask
+from pipelines._arrow import column, take, true_mask
 from pipelines.detect.alerts import stable_id
 from schemas.records import AlertState, Episode
 
@@ -176,33 +176,8 @@ class EpisodeTracker:
         return self._close_quiet(now_ns, now_ns)
 
     def _congestion(self, refined: pa.Table, opened: list[OpenEpisode]) -> None:
-        th = self.settings.thresholds
-        t = refined.filter(pc.is_in(column(refined, "metric"), value_set=pa.array(list(th))))
-        t = t.filter(pc.is_valid(column(t, "rate"))) if t.num_rows else t
-        if t.num_rows == 0:
-            return
-        key, prio = _port_keys(t)
-        limit = pc.take(
-            pa.array(list(th.values())), pc.index_in(column(t, "metric"), pa.array(list(th)))
-        )
-        hot = true_mask(pc.greater(column(t, "rate"), limit))
-        t = pa.table(
-            {
-                "port": key,
-                "prio": prio,
-                "metric": column(t, "metric"),
-                "rate": column(t, "rate"),
-                "ts": column(t, "ts"),
-                "hot": hot,
-                "nic": pc.binary_join_element_wise(
-                    column(t, "node"), pc.coalesce(column(t, "nic"), column(t, "device")), "/"
-                ),
-                "node": column(t, "node"),
-                "job": column(t, "job"),
-            }
-        )
-        t = t.filter(pc.or_(hot, pc.is_in(t["port"], value_set=self._open_ports())))
-        if t.num_rows == 0:
+        t = self._congestion_rows(refined)
+        if t is None:
             return
         g = t.group_by(["port", "prio", "metric"]).aggregate([("rate", "max")])
         h = t.filter(t["hot"]).group_by(["port", "prio"]).aggregate([("ts", "min"), ("ts", "max")])
@@ -237,6 +212,55 @@ class EpisodeTracker:
                 _add(e.nics, mem["nic_distinct"])
                 _add(e.nodes, mem["node_distinct"])
                 _add(e.jobs, mem["job_distinct"])
+
+    def _congestion_rows(self, refined: pa.Table) -> pa.Table | None:
+        """The congestion rows an update reads — rates over their threshold, and any rate of
+        a port with an episode open — as ``port, prio, metric, rate, ts, hot, nic, node,
+        job``, in table order; None when there is none.
+
+        Most rows are neither (no port congested): they are dropped on the metric, the rate
+        and the leaf and node names before any port key is built. A row is kept there when
+        its leaf or node starts an open port's key (a superset of the rows on open ports),
+        then held to the exact port."""
+        th = self.settings.thresholds
+        names, limits = pa.array(list(th), pa.string()), pa.array(list(th.values()), pa.float64())
+        rate = column(refined, "rate")
+        limit = take(limits, pc.index_in(column(refined, "metric"), value_set=names))
+        hot = true_mask(pc.greater(rate, limit))
+        keep = hot
+        ports = self._open_ports()
+        if len(ports):
+            heads = _port_heads(ports.to_pylist())
+            near = pc.or_(
+                pc.is_in(column(refined, "leaf"), value_set=heads),
+                pc.is_in(column(refined, "node"), value_set=heads),
+            )
+            keep = pc.or_(
+                hot, true_mask(pc.and_(pc.is_valid(limit), pc.and_(near, pc.is_valid(rate))))
+            )
+        cols = ["leaf", "leaf_port", "device", "node", "nic", "metric", "rate", "ts", "job"]
+        t = refined.select(cols).filter(keep)
+        if t.num_rows == 0:
+            return None
+        key, prio = _port_keys(t)
+        hot = hot.filter(keep)
+        t = pa.table(
+            {
+                "port": key,
+                "prio": prio,
+                "metric": column(t, "metric"),
+                "rate": column(t, "rate"),
+                "ts": column(t, "ts"),
+                "hot": hot,
+                "nic": pc.binary_join_element_wise(
+                    column(t, "node"), pc.coalesce(column(t, "nic"), column(t, "device")), "/"
+                ),
+                "node": column(t, "node"),
+                "job": column(t, "job"),
+            }
+        )
+        t = t.filter(pc.or_(hot, pc.is_in(t["port"], value_set=ports)))
+        return t if t.num_rows else None
 
     def _throttling(self, refined: pa.Table, opened: list[OpenEpisode]) -> None:
         m = column(refined, "metric")
@@ -335,6 +359,14 @@ class EpisodeTracker:
             t.open[e.entity] = e
         t.recent = [OpenEpisode(**x) for x in d.get("recent", [])]
         return t
+
+
+def _port_heads(ports: list[str]) -> Any:
+    """What a row's leaf or node is when its port key is one of ``ports`` (``leaf/leaf_port``
+    or ``node/nic``): the text before the first and before the last ``/`` of each (either
+    name may hold a ``/``, not both)."""
+    heads = {p.partition("/")[0] for p in ports} | {p.rpartition("/")[0] for p in ports}
+    return pa.array(sorted(heads), pa.string())
 
 
 def _add(target: list[str], items: list[Any]) -> None:

@@ -22,7 +22,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipelines._arrow import column
+from pipelines._arrow import column, take
 from schemas.records import ROLLUP_SCHEMA
 
 _KEY = ["window_start", "node", "device", "metric"]
@@ -48,51 +48,93 @@ class RollupSettings:
     allowed_lateness_ns: int = 5_000_000_000
 
 
-def _by_key(t: pa.Table, aggs: list[tuple[str, str]], value: str, ts: str) -> pa.Table:
-    """One PARTIAL_SCHEMA row per ``_KEY`` group of ``t``, which is in ``ts`` order (stable):
-    the four ``aggs`` (min, max, sum, count in that order), ``last`` (``value`` at the
-    greatest ``ts``; ties: the later row) and ``last_ts``. One single-threaded hash
-    aggregation, whose ``last`` follows the table's order."""
-    agg = t.group_by(_KEY, use_threads=False).aggregate([*aggs, (value, "last"), (ts, "max")])
+class _Series:
+    """The series (node, device, metric) of a table's rows as one int64 code each, from one
+    dictionary encoding per column: grouping and sorting on the code moves eight bytes a row
+    where the names move three strings. Codes are local to the table; :meth:`names` maps
+    them back."""
+
+    def __init__(self, t: pa.Table) -> None:
+        node, device, metric = (pc.dictionary_encode(column(t, c)) for c in _KEY[1:])
+        self._dicts = (node.dictionary, device.dictionary, metric.dictionary)
+        self._nd, self._nm = len(device.dictionary), len(metric.dictionary)
+        i64 = pa.int64()
+        # (node, device) pairs numbered again so that the code stays below rows x metrics
+        pair = pc.add(pc.multiply(node.indices.cast(i64), self._nd), device.indices.cast(i64))
+        pairs = pc.dictionary_encode(pair)
+        self._pairs = pairs.dictionary
+        self.codes = pc.add(
+            pc.multiply(pairs.indices.cast(i64), self._nm), metric.indices.cast(i64)
+        )
+
+    def names(self, codes: Any) -> list[Any]:
+        """node, device and metric arrays of ``codes``."""
+        pair = take(self._pairs, pc.divide(codes, self._nm))
+        node = take(self._dicts[0], pc.divide(pair, self._nd))
+        device = take(
+            self._dicts[1], pc.subtract(pair, pc.multiply(pc.divide(pair, self._nd), self._nd))
+        )
+        metric = take(
+            self._dicts[2], pc.subtract(codes, pc.multiply(pc.divide(codes, self._nm), self._nm))
+        )
+        return [node, device, metric]
+
+
+def _by_key(
+    t: pa.Table, series: _Series, aggs: list[tuple[str, str]], value: str, ts: str
+) -> pa.Table:
+    """One PARTIAL_SCHEMA row per ``_KEY`` group of ``t`` (``window_start``, ``ts``,
+    ``value`` and its series codes in ``series``), which is in ``ts`` order (stable): the
+    four ``aggs`` (min, max, sum, count in that order), ``last`` (``value`` at the greatest
+    ``ts``; ties: the later row) and ``last_ts``. One single-threaded hash aggregation over
+    (window, series code), whose ``last`` follows the table's order. The rows' order is the
+    grouping's, which nothing depends on: keys are unique in a partial table, merges combine
+    each key's rows in batch order, and closed windows are emitted sorted."""
+    agg = t.group_by(["window_start", "_series"], use_threads=False).aggregate(
+        [*aggs, (value, "last"), (ts, "max")]
+    )
     names = [f"{col}_{fn}" for col, fn in aggs] + [f"{value}_last", f"{ts}_max"]
-    return pa.table(
-        [agg[k] for k in _KEY] + [agg[n] for n in names], names=PARTIAL_SCHEMA.names
-    ).cast(PARTIAL_SCHEMA)
+    keys = [agg["window_start"], *series.names(column(agg, "_series"))]
+    return pa.table(keys + [agg[n] for n in names], names=PARTIAL_SCHEMA.names).cast(PARTIAL_SCHEMA)
 
 
-def samples(refined: pa.Table) -> pa.Table:
-    """The rows partials are made of: node, device, metric, ts, value with a value, in ts
-    order (stable). Built once per batch for every window size."""
+def samples(refined: pa.Table) -> tuple[pa.Table, _Series]:
+    """The rows partials are made of: ``_series`` (the code of node, device and metric),
+    ts, value, of the rows with a value, in ts order (stable); and the codes' names. Built
+    once per batch for every window size."""
+    series = _Series(refined)
     v = column(refined, "value")
-    t = pa.table(
-        {
-            "node": column(refined, "node"),
-            "device": column(refined, "device"),
-            "metric": column(refined, "metric"),
-            "ts": column(refined, "ts"),
-            "value": v,
-        }
-    ).filter(pc.is_valid(v))
-    return t.take(pc.sort_indices(t["ts"]))
+    t = pa.table({"_series": series.codes, "ts": column(refined, "ts"), "value": v})
+    t = t.filter(pc.is_valid(v))
+    return t.take(pc.sort_indices(t["ts"])), series
 
 
-def partials(t: pa.Table, window_s: int) -> pa.Table:
+def partials(rows: tuple[pa.Table, _Series], window_s: int) -> pa.Table:
     """PARTIAL_SCHEMA rows for one window size of a batch's :func:`samples`."""
+    t, series = rows
     if t.num_rows == 0:
         return PARTIAL_SCHEMA.empty_table()
     w = window_s * 1_000_000_000
     start = pc.multiply(pc.divide(t["ts"], w), w)  # int division floors for ts >= 0
     t = t.append_column("window_start", start)
     aggs = [("value", "min"), ("value", "max"), ("value", "sum"), ("value", "count")]
-    return _by_key(t, aggs, "value", "ts")
+    return _by_key(t, series, aggs, "value", "ts")
 
 
 def merge_partials(t: pa.Table) -> pa.Table:
     """Combine PARTIAL_SCHEMA rows sharing a key into one row each."""
     if t.num_rows == 0:
         return t
+    series = _Series(t)
+    coded = pa.table(
+        [
+            series.codes,
+            *(t[c] for c in ("window_start", "min", "max", "sum", "count", "last", "last_ts")),
+        ],
+        names=["_series", "window_start", "min", "max", "sum", "count", "last", "last_ts"],
+    )
     aggs = [("min", "min"), ("max", "max"), ("sum", "sum"), ("count", "sum")]
-    return _by_key(t.take(pc.sort_indices(t["last_ts"])), aggs, "last", "last_ts")
+    return _by_key(coded.take(pc.sort_indices(coded["last_ts"])), series, aggs, "last", "last_ts")
 
 
 class Rollup:

@@ -13,7 +13,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipelines._arrow import Array, column, nxt, prev, true_mask, where
+from pipelines._arrow import Array, column, nxt, prev, take, true_mask, where
 from pipelines.detect.alerts import HI, LO, AlertBook, Firing, alert_id, classify
 from pipelines.detect.rule_config import BitmaskRule, EventRule, ThresholdRule, render
 from pipelines.detect.xid import xid_info
@@ -25,32 +25,71 @@ _ENRICH = ("rack", "pod", "leaf", "leaf_port", "spine", "rail", "nic", "gpu", "r
 SEP = "\x1f"
 
 
-def _filter_where(t: pa.Table, where_: dict[str, Any], device_regex: str | None) -> pa.Table:
-    mask = None
-    for col, want in where_.items():
-        if col not in t.column_names:
-            return t.slice(0, 0)
-        vals = want if isinstance(want, list) else [want]
-        arr = column(t, col)
-        vs = pa.array(vals).cast(arr.type) if len(vals) else pa.array([], arr.type)
-        m = pc.is_in(arr, value_set=vs)
-        mask = m if mask is None else pc.and_(mask, m)
-    if device_regex is not None:
-        m = pc.match_substring_regex(column(t, "device"), device_regex)
-        mask = m if mask is None else pc.and_(mask, m)
-    return t if mask is None else t.filter(true_mask(mask))
+class MetricIndex:
+    """Row positions of a refined table by metric, after one dictionary encoding of its
+    ``metric`` column: each rule takes its rows' positions with an integer comparison, then
+    only the columns it reads at those positions, and the whole row only at the few rows
+    where a series' class changes. (Filtering the table by metric copied every column of
+    every row of the metric for each rule.)"""
+
+    def __init__(self, table: pa.Table) -> None:
+        self.table = table
+        enc = pc.dictionary_encode(column(table, "metric"))
+        self._codes = enc.indices
+        self._index = {v: i for i, v in enumerate(enc.dictionary.to_pylist())}
+
+    def positions(self, metric: str) -> Array:
+        """Positions (int64, ascending) of the rows of ``metric``."""
+        i = self._index.get(metric)
+        if i is None:
+            return pa.array([], pa.int64())
+        return where(pc.equal(self._codes, pa.scalar(i, self._codes.type)))
 
 
-def _runs(t: pa.Table, cls: Array) -> tuple[pa.Table, list[int]]:
-    """Rows of ``t`` (sorted by series, ts) where a series' class starts or ends a run."""
-    key = pc.binary_join_element_wise(column(t, "node"), column(t, "device"), SEP)
-    t = t.append_column("_key", key).append_column("_cls", cls)
-    t = t.sort_by([("_key", "ascending"), ("ts", "ascending")])
-    k, c = column(t, "_key"), column(t, "_cls")
+def _positions(
+    index: MetricIndex, metric: str, field: str, where_: dict[str, Any], regex: str | None
+) -> Array | None:
+    """Positions of the rows of ``metric`` that pass ``where_`` and ``regex`` (on device)
+    and have a ``field``; None when none does."""
+    t = index.table
+    pos = index.positions(metric)
+    if len(pos) and (where_ or regex is not None):
+        mask = None
+        for col, want in where_.items():
+            if col not in t.column_names:
+                return None
+            vals = want if isinstance(want, list) else [want]
+            arr = take(column(t, col), pos)
+            vs = pa.array(vals).cast(arr.type) if len(vals) else pa.array([], arr.type)
+            m = pc.is_in(arr, value_set=vs)
+            mask = m if mask is None else pc.and_(mask, m)
+        if regex is not None:
+            m = pc.match_substring_regex(take(column(t, "device"), pos), regex)
+            mask = m if mask is None else pc.and_(mask, m)
+        pos = pos.filter(true_mask(mask))
+    if len(pos) == 0:
+        return None
+    pos = pos.filter(pc.is_valid(take(column(t, field), pos)))
+    return pos if len(pos) else None
+
+
+def _runs(t: pa.Table, pos: Array, cls: Array) -> tuple[pa.Table, list[int]]:
+    """The rows of ``t`` at ``pos``, sorted by series and ts, where a series' class ``cls``
+    (one per position) starts or ends a run, with their ``_key`` and ``_cls``. Only the
+    series, ts and class columns are sorted; whole rows are taken at the run boundaries."""
+    key = pc.binary_join_element_wise(
+        take(column(t, "node"), pos), take(column(t, "device"), pos), SEP
+    )
+    order = pc.sort_indices(
+        pa.table({"_key": key, "ts": take(column(t, "ts"), pos)}),
+        sort_keys=[("_key", "ascending"), ("ts", "ascending")],
+    )
+    k, c = take(key, order), take(cls, order)
     start = pc.or_(pc.not_equal(k, prev(k)), pc.not_equal(c, prev(c)))
     end = pc.or_(pc.not_equal(k, nxt(k)), pc.not_equal(c, nxt(c)))
-    keep = pc.or_(pc.fill_null(start, True), pc.fill_null(end, True))
-    sel = t.take(where(keep))
+    keep = where(pc.or_(pc.fill_null(start, True), pc.fill_null(end, True)))
+    sel = t.take(take(pos, take(order, keep)))
+    sel = sel.append_column("_key", take(k, keep)).append_column("_cls", take(c, keep))
     return sel, [int(x) for x in column(sel, "_cls").to_pylist()]
 
 
@@ -114,18 +153,14 @@ def _walk(
 def eval_threshold(
     rule: ThresholdRule,
     field: str,
-    table: pa.Table,
+    index: MetricIndex,
     book: AlertBook,
     now_ns: int,
     topic: str,
 ) -> list[Alert]:
-    """State changes of ``rule`` over one refined batch."""
-    t = table.filter(pc.equal(column(table, "metric"), rule.metric))
-    t = _filter_where(t, rule.where, rule.device_regex)
-    if t.num_rows == 0:
-        return []
-    t = t.filter(pc.is_valid(column(t, field)))
-    if t.num_rows == 0:
+    """State changes of ``rule`` over one refined batch (``index`` over it)."""
+    pos = _positions(index, rule.metric, field, rule.where, rule.device_regex)
+    if pos is None:
         return []
     below = rule.below is not None
     limit = rule.below if rule.below is not None else rule.above
@@ -133,7 +168,8 @@ def eval_threshold(
         raise ValueError(f"rule {rule.name}: sets neither above nor below")
     fire = float(limit)
     resolve = fire if rule.resolve is None else rule.resolve
-    sel, classes = _runs(t, classify(column(t, field), fire, resolve, below))
+    values = take(column(index.table, field), pos)
+    sel, classes = _runs(index.table, pos, classify(values, fire, resolve, below))
 
     def make(row: dict[str, Any], onset: int) -> tuple[str, str, dict[str, Any]]:
         v = row.get(field)
@@ -150,25 +186,23 @@ def eval_threshold(
 def eval_bitmask(
     rule: BitmaskRule,
     catalog: Catalog,
-    table: pa.Table,
+    index: MetricIndex,
     book: AlertBook,
     now_ns: int,
     topic: str,
 ) -> list[Alert]:
-    """Rising edge of any of ``rule.bits`` fires, all clear resolves."""
-    t = table.filter(pc.equal(column(table, "metric"), rule.metric))
-    t = _filter_where(t, rule.where, None)
-    t = t.filter(pc.is_valid(column(t, "value"))) if t.num_rows else t
-    if t.num_rows == 0:
+    """Rising edge of any of ``rule.bits`` fires, all clear resolves (over one refined batch,
+    ``index`` over it)."""
+    pos = _positions(index, rule.metric, "value", rule.where, None)
+    if pos is None:
         return []
     m = catalog[rule.metric]
     want = {name for name in rule.bits}
     mask = sum(1 << b for b, n in m.bits.items() if n in want)
-    hit = pc.not_equal(
-        pc.bit_wise_and(pc.cast(column(t, "value"), pa.int64(), safe=False), mask), 0
-    )
+    values = take(column(index.table, "value"), pos)
+    hit = pc.not_equal(pc.bit_wise_and(pc.cast(values, pa.int64(), safe=False), mask), 0)
     cls = pc.if_else(hit, pa.scalar(HI, pa.int8()), pa.scalar(LO, pa.int8()))
-    sel, classes = _runs(t, cls)
+    sel, classes = _runs(index.table, pos, cls)
 
     def make(row: dict[str, Any], onset: int) -> tuple[str, str, dict[str, Any]]:
         v = int(row["value"])
@@ -268,20 +302,21 @@ def eval_events(
 
 def eval_metric_events(
     rule: EventRule,
-    table: pa.Table,
+    index: MetricIndex,
     last: dict[str, float],
     book: AlertBook,
     now_ns: int,
     topic: str,
 ) -> list[Alert]:
     """Sample-borne events (``gpu.xid``): an onset is a nonzero value that differs from the
-    previous value of its series (``last`` holds it between batches)."""
+    previous value of its series (``last`` holds it between batches). ``index``: over one
+    refined batch."""
     assert rule.metric is not None
-    t = table.filter(pc.equal(column(table, "metric"), rule.metric))
-    t = t.filter(pc.is_valid(column(t, "value"))) if t.num_rows else t
-    if t.num_rows == 0:
+    pos = _positions(index, rule.metric, "value", {}, None)
+    if pos is None:
         return []
-    sel, _ = _runs(t, pc.cast(column(t, "value"), pa.int64(), safe=False))
+    values = take(column(index.table, "value"), pos)
+    sel, _ = _runs(index.table, pos, pc.cast(values, pa.int64(), safe=False))
     out: list[Alert] = []
     for row in _rows(sel):
         key, v = row["_key"], float(row["value"])

@@ -46,6 +46,7 @@ from pipelines.detect.rule_config import (
     parse_rules,
 )
 from pipelines.detect.rule_eval import (
+    MetricIndex,
     eval_bitmask,
     eval_events,
     eval_metric_events,
@@ -127,21 +128,22 @@ class RuleEngine:
     ) -> list[Alert]:
         """State changes caused by one refined batch (REFINED_SCHEMA columns; extra
         columns are ignored). ``now_ns``: the engine's clock, stamped as ``emitted_ns``.
-        ``by_metric``: ``refined`` by metric, when the caller has it already."""
+        ``by_metric``: ``refined`` by metric, when the caller has it already; not needed (the
+        rules take the positions of their metric's rows, not copies of the rows: see
+        :class:`~pipelines.detect.rule_eval.MetricIndex`), accepted for the callers."""
         if refined.num_rows == 0:
             return []
-        by = by_metric if by_metric is not None else MetricRows(refined)
+        del by_metric
+        ix = MetricIndex(refined)
         out: list[Alert] = []
         for t in self._threshold:
             f = self._fields[t.name]
-            out += eval_threshold(t, f, by.of([t.metric]), self.book, now_ns, self.raw_topic)
+            out += eval_threshold(t, f, ix, self.book, now_ns, self.raw_topic)
         for b in self._bitmask:
-            sub = by.of([b.metric])
-            out += eval_bitmask(b, self.catalog, sub, self.book, now_ns, self.raw_topic)
+            out += eval_bitmask(b, self.catalog, ix, self.book, now_ns, self.raw_topic)
         for e in self._metric_events:
             last = self.last_values.setdefault(e.name, {})
-            sub = by.of([e.metric]) if e.metric is not None else refined
-            out += eval_metric_events(e, sub, last, self.book, now_ns, self.raw_topic)
+            out += eval_metric_events(e, ix, last, self.book, now_ns, self.raw_topic)
         if self._silent or self._frozen:
             rows = summarize_batches(refined)
             out += observe_sources(
