@@ -36,8 +36,10 @@ BENCHMARKS = (
     "ingest",
     "ingest_worker",
     "detect_stage",
+    "stages",
 )
 NEEDS_KAFKA = {
+    "stages",
     "worker_throughput",
     "freshness",
     "alert_latency",
@@ -73,18 +75,20 @@ class Sizes:
     ingest: tuple[float, int, int] = (2.0, 400, 600)
     # detect_stage: node counts replayed in-process, seconds simulated each
     detect: tuple[tuple[int, ...], int] = ((24, 96, 384), 30)
+    # stages: node counts each stage drains as a process, seconds simulated each
+    stages: tuple[tuple[int, ...], int] = ((24, 96), 20)
 
     @classmethod
     def of(cls, mode: str) -> Sizes:
         if mode == "smoke":  # every figure once, at sizes too small to mean much (CI)
             return cls(
                 150_000, 20, 10, 15, 1, 20_000, 5, 60.0, 25, 60_000.0, False, (8, 60, 1),
-                (0.2, 40, 0), ((8, 16, 32), 8),
+                (0.2, 40, 0), ((8, 16, 32), 8), ((4, 8), 5),
             )  # fmt: skip
         if mode == "quick":
             return cls(
                 900_000, 250, 40, 30, 1, 100_000, 20, 60.0, 60, lake_penalty=(16, 300, 3),
-                ingest=(1.0, 200, 300), detect=((24, 96, 192), 20),
+                ingest=(1.0, 200, 300), detect=((24, 96, 192), 20), stages=((16, 48), 15),
             )  # fmt: skip
         return cls(8_000_000, 1000, 300, 60, 2, 2_000_000, 200, 300.0, 360)
 
@@ -352,6 +356,11 @@ def _plan(
         with tempfile.TemporaryDirectory(prefix="refinery-detect-stage-") as tmp:
             return [bench_detect_stage(Path(tmp), *sizes.detect)]
 
+    def stages() -> list[Any]:
+        from lab.bench.stages import bench_stages
+
+        return [bench_stages(k, *sizes.stages)]
+
     steps: dict[str, Step] = {
         "worker_throughput": throughput,
         "refine_memory": lambda: [local.bench_refine_memory(sizes.memory_sources)],
@@ -366,6 +375,7 @@ def _plan(
         "ingest": ingest,
         "ingest_worker": ingest_worker,
         "detect_stage": detect_stage,
+        "stages": stages,
     }
     return [(n, steps[n]) for n in names]
 
