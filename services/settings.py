@@ -13,7 +13,7 @@ REFINERY_SASL_MECHANISM            SCRAM-SHA-512, SCRAM-SHA-256, PLAIN         S
 REFINERY_SASL_USERNAME / _PASSWORD SASL credentials (password is a secret)     unset
 REFINERY_SSL_CA_LOCATION           CA bundle for the brokers' certificates     unset
 REFINERY_SSL_CERT_LOCATION / _KEY  client certificate and key (mutual TLS)     unset
-REFINERY_LAKE                      lake root directory                         ./lake
+REFINERY_LAKE                      lake root: a directory or s3://bucket/prefix ./lake
 REFINERY_HOME                      local state: broker data, jar cache, pids   ./.refinery
 REFINERY_OTLP_ENDPOINT             OTLP/HTTP endpoint for the service's own    unset (local)
                                    metrics and traces

@@ -8,7 +8,7 @@ offset, enriched with rack/leaf/rail/job and carrying lineage. Counters are most
 counters busy, congestion counters bursty, as on real fabrics. Deterministic for a seed.
 
 :func:`collectives` and :func:`topology` give matching NCCL records and topology facts;
-:func:`land_lake` lands all of it through a LakeWriter as many small files.
+:func:`land_lake` lands all of it through a writer (local or object store) as many small files.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from schemas.records import REFINED_SCHEMA
+from services.lake.backend import LakeSink
 from services.lake.datasets import (
     ACCOUNTING_SCHEMA,
     COLLECTIVES_LAKE_SCHEMA,
@@ -25,7 +26,6 @@ from services.lake.datasets import (
     TOPOLOGY_SCHEMA,
     conform,
 )
-from services.lake.writer import LakeWriter
 
 T0_NS = 1_767_225_600_000_000_000  # 2026-01-01T00:00:00Z
 
@@ -258,7 +258,7 @@ def _chunk(t: pa.Table, n: int) -> list[pa.Table]:
 
 
 def land_lake(
-    writer: LakeWriter,
+    writer: LakeSink,
     samples: pa.Table,
     *,
     chunk_rows: int = 5_000,
@@ -286,7 +286,7 @@ def land_lake(
     return files
 
 
-def land_small_datasets(writer: LakeWriter, start: int, n: int, *, jobs: bool = True) -> None:
+def land_small_datasets(writer: LakeSink, start: int, n: int, *, jobs: bool = True) -> None:
     """One row each of accounting (``n`` refined samples), dead letters, alerts, episodes and
     (unless ``jobs`` is false) a job placement, at ``start``."""
     acc = {

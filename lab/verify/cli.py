@@ -40,12 +40,13 @@ def add_parser(sub: Any) -> None:
 def run(args: argparse.Namespace, settings: RefinerySettings) -> int:
     from lab.verify.alerts import DEFAULT_RULES
     from lab.verify.verdict import render, verify
+    from services.lake.location import parse_location
 
     truth = Path(args.truth)
     if not truth.is_file():
         raise ConfigError(f"--truth {truth}: no such file")
     lake = Path(args.lake) if args.lake else settings.lake
-    if not lake.is_dir():
+    if parse_location(lake).is_local and not lake.is_dir():
         raise ConfigError(f"--lake {lake}: no such directory")
     rules = Path(args.rules) if args.rules else DEFAULT_RULES
     import duckdb

@@ -13,7 +13,7 @@ import csv
 import json
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import duckdb
 
@@ -21,12 +21,17 @@ from schemas.errors import RefineryError
 from services.cli_parts import one_line, print_json
 from services.heap import keep_heap
 from services.lake import sqlload
-from services.lake.compact import CompactionReport, Compactor
+from services.lake.backend import check_lake, has_data, open_compactor, open_writer
+from services.lake.compact import CompactionReport
 from services.lake.datasets import DATASETS
 from services.lake.land import LandingService
 from services.lake.layout import parse_hour
-from services.lake.writer import LakeWriter
+from services.lake.location import LakeLocation, parse_location
+from services.lake.store import StoreAccessError
 from services.settings import RefinerySettings
+
+if TYPE_CHECKING:
+    from services.lake.s3store import S3Settings
 
 # --- land and compact --------------------------------------------------------------------
 
@@ -47,15 +52,28 @@ def _topic_map(specs: Sequence[str] | None) -> dict[str, str]:
     return out
 
 
+def _lake(settings: RefinerySettings) -> tuple[LakeLocation, S3Settings | None]:
+    """The lake's location and, for object storage, the store's settings (read here from
+    the environment, like the Kafka settings); ConfigError for an unsupported scheme."""
+    loc = parse_location(settings.lake)
+    if loc.is_local:
+        return loc, None
+    from services.lake.s3store import S3Settings
+
+    return loc, S3Settings()
+
+
 def cmd_land(args: argparse.Namespace, settings: RefinerySettings) -> int:
     conf = {**settings.kafka().librdkafka(), "group.id": args.group}
     if args.instance_id:  # static membership: a restarted lander takes over at once
         conf["group.instance.id"] = args.instance_id
     from services.kafka.log import require_cluster
 
+    lake, s3 = _lake(settings)
+    check_lake(lake, s3=s3)  # credentials, bucket, endpoint: one line before consuming
     require_cluster(conf)  # first contact: one line naming the address and the cause
-    writer = LakeWriter(settings.lake)
-    compactor = None if args.no_compact else Compactor(settings.lake)
+    writer = open_writer(lake, s3=s3)
+    compactor = None if args.no_compact else open_compactor(lake, s3=s3)
     svc = LandingService(
         conf,
         writer,
@@ -70,7 +88,7 @@ def cmd_land(args: argparse.Namespace, settings: RefinerySettings) -> int:
         stats = svc.run(once_idle_s=args.once_idle)
     except OSError as e:  # disk full, read-only, gone: nothing is committed past what landed
         raise RuntimeError(
-            f"land: cannot write the lake at {settings.lake}: {e.strerror or e}; offsets stay "
+            f"land: cannot write the lake at {lake}: {e.strerror or e}; offsets stay "
             "at the last landed file, so a restart once the file system is fixed lands the rest"
         ) from e
     print(json.dumps(stats.__dict__), file=sys.stderr)
@@ -78,7 +96,9 @@ def cmd_land(args: argparse.Namespace, settings: RefinerySettings) -> int:
 
 
 def cmd_compact(args: argparse.Namespace, settings: RefinerySettings) -> int:
-    c = Compactor(settings.lake, grace_s=args.grace, crash_at=args.crash_at)
+    lake, s3 = _lake(settings)
+    check_lake(lake, s3=s3)
+    c = open_compactor(lake, s3=s3, grace_s=args.grace, crash_at=args.crash_at)
     datasets = [args.dataset] if args.dataset else list(DATASETS)
     report = CompactionReport()
     for ds in datasets:
@@ -109,15 +129,17 @@ def cmd_compact(args: argparse.Namespace, settings: RefinerySettings) -> int:
 
 
 def _connect(settings: RefinerySettings) -> duckdb.DuckDBPyConnection:
-    lake = settings.lake
-    if not lake.is_dir():  # never create one here: a mistyped path must not answer "0 rows"
+    lake, s3 = _lake(settings)
+    # never create one here: a mistyped path must not answer "0 rows"
+    if lake.path is not None and not lake.path.is_dir():
         raise RefineryError(f"no lake at {lake}: no such directory (REFINERY_LAKE)")
-    if not any(f.name != "seed.parquet" for f in lake.rglob("*.parquet")):
+    check_lake(lake, s3=s3)
+    if not has_data(lake, s3=s3):
         print(f"refinery: the lake at {lake} holds no data yet", file=sys.stderr)
     # views need every dataset to bind; a read-only lake has its seeds or the error says so
-    with contextlib.suppress(OSError):
-        LakeWriter(settings.lake).ensure_seeds()
-    return sqlload.connect(settings.lake)
+    with contextlib.suppress(OSError, StoreAccessError):
+        open_writer(lake, s3=s3).ensure_seeds()
+    return sqlload.connect(lake, s3=s3)
 
 
 def _emit(cur: duckdb.DuckDBPyConnection, fmt: str) -> None:

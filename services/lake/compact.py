@@ -55,7 +55,6 @@ from services.lake.writer import (
     encode_strings,
     sort_table,
     write_options,
-    write_parquet_durably,
 )
 
 LOCK_NAME = ".compact.lock"
@@ -74,25 +73,49 @@ def sort_into_slabs(
     return keyed.drop_columns(["_slab"]), starts
 
 
-def write_slabs_durably(
-    table: pa.Table, path: Path, options: dict[str, object], starts: list[int]
+def write_slabs(
+    table: pa.Table, sink: Path | pa.NativeFile, options: dict[str, object], starts: list[int]
 ) -> None:
-    """Write ``table`` with a row group boundary at each offset of ``starts`` (and every
-    ``row_group_size`` rows in between) and fsync the file."""
+    """Write ``table`` to ``sink`` with a row group boundary at each offset of ``starts`` (and
+    every ``row_group_size`` rows in between)."""
     opts = dict(options)
     rows = opts.pop("row_group_size")
     assert isinstance(rows, int)
-    with pq.ParquetWriter(path, table.schema, **opts) as w:
+    with pq.ParquetWriter(sink, table.schema, **opts) as w:
         for a, e in itertools.pairwise([0, *starts, table.num_rows]):
             w.write_table(table.slice(a, e - a), row_group_size=rows)
+
+
+def write_slabs_durably(
+    table: pa.Table, path: Path, options: dict[str, object], starts: list[int]
+) -> None:
+    """:func:`write_slabs` to ``path``, then fsync the file."""
+    write_slabs(table, path, options, starts)
     fsync_file(path)
+
+
+def write_merged(
+    dataset: str,
+    merged: pa.Table,
+    sink: Path | pa.NativeFile,
+    options: dict[str, object],
+    slab_ns: int | None,
+) -> None:
+    """Write compaction's output: ``merged`` sorted by the dataset's key (in ``slab_ns``
+    slabs of ``ts`` when given, each starting a row group) to ``sink``. Does not fsync."""
+    keys = DATASETS[dataset].sort_by
+    if slab_ns is not None:
+        ordered, starts = sort_into_slabs(merged, keys, slab_ns)
+        write_slabs(ordered, sink, options, starts)
+    else:
+        pq.write_table(sort_table(merged, keys), sink, **options)
 
 
 @dataclass
 class CompactionReport:
     """What one call did: files written, inputs merged and covered files removed."""
 
-    written: list[Path] = field(default_factory=list)
+    written: list[Path | str] = field(default_factory=list)  # str: an object's URL
     merged: int = 0
     removed: int = 0
     skipped: list[str] = field(default_factory=list)
@@ -206,11 +229,8 @@ class Compactor:
         tmp = hdir / f".compact-{name[:-8]}{PARTIAL_SUFFIX}"
         try:
             opts = write_options(ds.schema, self.row_group_rows, self.compression_level)
-            if slab_ns is not None:
-                ordered, starts = sort_into_slabs(merged, ds.sort_by, slab_ns)
-                write_slabs_durably(ordered, tmp, opts, starts)
-            else:
-                write_parquet_durably(sort_table(merged, ds.sort_by), tmp, opts)
+            write_merged(dataset, merged, tmp, opts, slab_ns)
+            fsync_file(tmp)
             self.seam.reach("compact_before_rename")
             os.replace(tmp, hdir / name)
         except BaseException:

@@ -33,10 +33,10 @@ from confluent_kafka import Consumer, KafkaException, TopicPartition
 from schemas.codec import content_type_of
 from schemas.errors import RejectedInput
 from services.kafka.internals import LIBRDKAFKA_CONSUMER_BOUNDS
-from services.lake.compact import Compactor
+from services.lake.backend import LakeCompaction, LakeSink
 from services.lake.decode import rows_of
 from services.lake.lineage import IDENTITIES, LineageIndex
-from services.lake.writer import CrashSeam, LakeWriter
+from services.lake.writer import CrashSeam
 
 log = logging.getLogger(__name__)
 
@@ -77,12 +77,12 @@ class LandingService:
     def __init__(
         self,
         consumer_conf: dict[str, Any],
-        writer: LakeWriter,
+        writer: LakeSink,
         topics: dict[str, str],
         *,
         max_rows: int = 500_000,
         max_age_s: float = 2.0,
-        compactor: Compactor | None = None,
+        compactor: LakeCompaction | None = None,
         compact_every_s: float = 300.0,
         crash_at: str | None = None,
         log: TextIO = sys.stderr,
@@ -131,7 +131,7 @@ class LandingService:
             spec = IDENTITIES.get(ds)
             if spec is not None:
                 files = [str(f) for f in self.writer.live_paths(ds, p.partition)]
-                self._lineage[tp] = LineageIndex.from_files(spec, files)
+                self._lineage[tp] = LineageIndex.from_files(spec, files, self.writer.reader())
             start = max(committed.get(tp, -1), hw + 1)
             self._assigned_at = time.monotonic()
             if start > 0:

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from schemas.errors import RefineryError
 from services.lake.datasets import DATASETS
+from services.lake.location import local_root
 
 HOUR_NS = 3_600_000_000_000
 MAX_TS_NS = 2**63 - 1  # 2262-04-11T23:47:16Z, the largest int64 ns
@@ -127,7 +128,7 @@ class LakePaths:
     """Builds and checks every path under one lake root. Touches no file itself."""
 
     def __init__(self, root: Path | str) -> None:
-        self.root = Path(os.path.abspath(root))
+        self.root = local_root(root)  # ConfigError for s3://...: never a directory "s3:"
 
     def inside(self, path: Path) -> Path:
         """``path`` itself; raises LakeError when it resolves outside the root."""

@@ -152,15 +152,22 @@ class LineageIndex:
         return got
 
     @classmethod
-    def from_files(cls, spec: Identity, files: Sequence[str]) -> LineageIndex:
-        """The identities the landed ``files`` hold within each stream's window."""
+    def from_files(
+        cls,
+        spec: Identity,
+        files: Sequence[str],
+        con: duckdb.DuckDBPyConnection | None = None,
+    ) -> LineageIndex:
+        """The identities the landed ``files`` hold within each stream's window, read by
+        ``con`` (one that reads the files' URLs) or DuckDB's default connection."""
         index = cls(spec)
         if not files:
             return index
+        run = duckdb.execute if con is None else con.execute
         cols = spec.columns
         have = {
             str(r[0])
-            for r in duckdb.execute(
+            for r in run(
                 "DESCRIBE SELECT * FROM read_parquet(?, union_by_name = true)", [list(files)]
             ).fetchall()
         }
@@ -186,7 +193,7 @@ class LineageIndex:
             ORDER BY "{spec.order}"
         """
         keys = [*cols, _TOTAL] if spec.total else list(cols)
-        for row in duckdb.execute(sql, [list(files), spec.window]).fetchall():
+        for row in run(sql, [list(files), spec.window]).fetchall():
             index.add(dict(zip(keys, row, strict=True)))
         return index
 

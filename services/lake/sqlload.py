@@ -25,11 +25,16 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import duckdb
 
 from services.data_files import data_path
 from services.lake.layout import LakeError
+from services.lake.location import LakeLocation, parse_location
+
+if TYPE_CHECKING:
+    from services.lake.s3store import S3Settings
 
 SQL_DIR = data_path("sql")
 _PARAM_RE = re.compile(r"^--\s*param:\s*([A-Za-z_]\w*)\s*=\s*(.*?)\s*(?:\|\s*(.*))?$")
@@ -116,15 +121,28 @@ def _script(path: Path, sql_dir: Path) -> list[str]:
 
 
 def connect(
-    lake: Path | str,
+    lake: Path | str | LakeLocation,
     con: duckdb.DuckDBPyConnection | None = None,
     *,
     sql_dir: Path = SQL_DIR,
+    s3: S3Settings | None = None,
 ) -> duckdb.DuckDBPyConnection:
     """A connection (new, in memory, unless given) with every view of ``sql/views`` defined
-    over ``lake``. Raises duckdb.Error when the lake has no seed file for a dataset."""
+    over ``lake``: a directory, or ``s3://bucket/prefix`` read through s3fs registered on the
+    connection (``s3``: the store's settings, read from the environment when None). Raises
+    duckdb.Error when the lake has no seed file for a dataset, ConfigError for an
+    unsupported scheme."""
+    loc = lake if isinstance(lake, LakeLocation) else parse_location(lake)
     con = con if con is not None else duckdb.connect()
-    con.execute("SET VARIABLE lake = ?", [str(Path(lake).absolute())])
+    if loc.path is not None:  # a plain path exactly as before; file:// as parsed
+        plain = isinstance(lake, str | Path) and ":/" not in str(lake)
+        root = str((Path(lake) if isinstance(lake, str | Path) and plain else loc.path).absolute())
+    else:
+        from services.lake.s3store import S3Settings
+
+        (s3 if s3 is not None else S3Settings()).register(con)
+        root = loc.url
+    con.execute("SET VARIABLE lake = ?", [root])
     for script in _script(sql_dir / "init.sql", sql_dir):
         con.execute(script)
     return con

@@ -285,6 +285,21 @@ def write_parquet_durably(table: pa.Table, path: Path, options: dict[str, object
     fsync_file(path)
 
 
+def split_by_hour(table: pa.Table) -> list[tuple[tuple[str, str], pa.Table]]:
+    """``table``'s rows by UTC hour of ``ts``: ``[((date, hour), rows), ...]``, oldest first
+    (``ts`` clamped to 1970..2262)."""
+    mm = pc.min_max(table.column("ts"))
+    lo, hi = (min(max(int(mm[k].as_py()), 0), MAX_TS_NS) // HOUR_NS for k in ("min", "max"))
+    if lo == hi:
+        return [(hour_of(lo * HOUR_NS), table)]
+    bucket = np.clip(table.column("ts").to_numpy(), 0, MAX_TS_NS) // HOUR_NS
+    out = []
+    for b in np.unique(bucket):
+        part = table.filter(pa.array(bucket == b))
+        out.append((hour_of(int(b) * HOUR_NS), part))
+    return out
+
+
 class LakeWriter:
     """Lands tables into one lake root. Not thread-safe; one writer per source partition.
 
@@ -366,16 +381,7 @@ class LakeWriter:
         return [final for _, final in moves]
 
     def _split_by_hour(self, table: pa.Table) -> list[tuple[tuple[str, str], pa.Table]]:
-        mm = pc.min_max(table.column("ts"))
-        lo, hi = (min(max(int(mm[k].as_py()), 0), MAX_TS_NS) // HOUR_NS for k in ("min", "max"))
-        if lo == hi:
-            return [(hour_of(lo * HOUR_NS), table)]
-        bucket = np.clip(table.column("ts").to_numpy(), 0, MAX_TS_NS) // HOUR_NS
-        out = []
-        for b in np.unique(bucket):
-            part = table.filter(pa.array(bucket == b))
-            out.append((hour_of(int(b) * HOUR_NS), part))
-        return out
+        return split_by_hour(table)
 
     def _write_manifest(self, dataset: str, name: str, moves: list[tuple[Path, Path]]) -> Path:
         ldir = self.paths.landing_dir(dataset)
@@ -422,6 +428,10 @@ class LakeWriter:
             if f.last > hw.get(f.partition, -1):
                 hw[f.partition] = f.last
         return hw
+
+    def reader(self) -> None:
+        """The DuckDB connection that reads this lake's files: None, the default one does."""
+        return None
 
     def live_paths(self, dataset: str, partition: int | None = None) -> list[Path]:
         """Data files a reader should read (covered compaction inputs left out)."""

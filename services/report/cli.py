@@ -23,7 +23,9 @@ import duckdb
 
 from schemas.errors import RefineryError
 from services.lake import sqlload
-from services.lake.writer import LakeWriter
+from services.lake.backend import open_writer
+from services.lake.location import parse_location
+from services.lake.store import StoreAccessError
 from services.report import data
 from services.report.render import render_report
 from services.settings import RefinerySettings
@@ -55,10 +57,10 @@ def build_report(
     """The report page for ``lake``. Raises EmptyLakeError when ``lake`` is not a directory
     or holds no rows; ValueError for an empty window; duckdb.Error propagates. Creates the
     zero-row seed files a lake needs for its views to bind when it can (as ``refinery sql``)."""
-    if not lake.is_dir():
+    if parse_location(lake).is_local and not lake.is_dir():
         raise EmptyLakeError(f"no lake at {lake}")
-    with contextlib.suppress(OSError):
-        LakeWriter(lake).ensure_seeds()
+    with contextlib.suppress(OSError, StoreAccessError):
+        open_writer(lake).ensure_seeds()
     con = sqlload.connect(lake)
     try:
         if data.lake_rows(con) == 0:

@@ -1,0 +1,125 @@
+"""One lake, two kinds of storage: what the lander, compaction and readers are given.
+
+:func:`open_writer` and :func:`open_compactor` return the local-directory implementations
+(:class:`~services.lake.writer.LakeWriter`, :class:`~services.lake.compact.Compactor`,
+unchanged: temp file, fsync, rename) or the object-store ones
+(:class:`~services.lake.objwriter.ObjectLakeWriter`,
+:class:`~services.lake.objcompact.ObjectCompactor`: conditional creates, manifests as objects,
+a lease) for ``s3://bucket/prefix``. Both satisfy :class:`LakeSink` / :class:`LakeCompaction`,
+the only types the landing service knows. Any other scheme is a ConfigError (one line).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+import duckdb
+import pyarrow as pa
+
+from services.lake.compact import CompactionReport, Compactor
+from services.lake.location import LakeLocation, parse_location
+from services.lake.writer import CrashSeam, LakeWriter
+
+if TYPE_CHECKING:
+    from services.lake.s3store import S3ObjectStore, S3Settings
+
+
+class LakeSink(Protocol):
+    """What lands tables: :class:`LakeWriter` or :class:`ObjectLakeWriter`."""
+
+    seam: CrashSeam
+
+    def land(
+        self, dataset: str, table: pa.Table, *, partition: int, first: int, last: int
+    ) -> Sequence[Path | str]: ...
+
+    def recover(self, dataset: str, partitions: set[int] | None = None) -> int: ...
+
+    def landed_high_water(self, dataset: str) -> dict[int, int]: ...
+
+    def live_paths(self, dataset: str, partition: int | None = None) -> Sequence[Path | str]: ...
+
+    def ensure_seed(self, dataset: str) -> None: ...
+
+    def ensure_seeds(self) -> None: ...
+
+    def reader(self) -> duckdb.DuckDBPyConnection | None: ...
+
+
+class LakeCompaction(Protocol):
+    """What compacts: :class:`Compactor` or :class:`ObjectCompactor`."""
+
+    def recover(self, dataset: str) -> int: ...
+
+    def compact_hour(
+        self, dataset: str, date: str, hour: str, *, wait: bool = True
+    ) -> CompactionReport: ...
+
+    def compact_closed(
+        self,
+        datasets: list[str] | None = None,
+        *,
+        close_after_s: float = 600.0,
+        wait: bool = False,
+    ) -> CompactionReport: ...
+
+
+def _location(lake: Path | str | LakeLocation) -> LakeLocation:
+    return lake if isinstance(lake, LakeLocation) else parse_location(lake)
+
+
+def open_store(lake: Path | str | LakeLocation, s3: S3Settings | None = None) -> S3ObjectStore:
+    """The :class:`~services.lake.store.ObjectStore` of an ``s3://`` lake (``s3``: its
+    :class:`~services.lake.s3store.S3Settings`, read from the environment when None)."""
+    from services.lake.s3store import S3ObjectStore
+
+    loc = _location(lake)
+    return S3ObjectStore(loc, s3)
+
+
+def open_writer(
+    lake: Path | str | LakeLocation, *, s3: S3Settings | None = None, **kw: Any
+) -> LakeSink:
+    """The writer of ``lake``; ``kw`` as for LakeWriter (row_group_rows, crash_at)."""
+    loc = _location(lake)
+    if loc.path is not None:
+        return LakeWriter(loc.path, **kw)
+    from services.lake.objwriter import ObjectLakeWriter
+
+    return ObjectLakeWriter(open_store(loc, s3), **kw)
+
+
+def open_compactor(
+    lake: Path | str | LakeLocation, *, s3: S3Settings | None = None, **kw: Any
+) -> LakeCompaction:
+    """The compactor of ``lake``; ``kw`` as for Compactor (grace_s, crash_at, ...)."""
+    loc = _location(lake)
+    if loc.path is not None:
+        return Compactor(loc.path, **kw)
+    from services.lake.objcompact import ObjectCompactor
+
+    return ObjectCompactor(open_store(loc, s3), **kw)
+
+
+def check_lake(lake: Path | str | LakeLocation, *, s3: S3Settings | None = None) -> LakeLocation:
+    """The lake's location once its store answers: raises StoreAccessError (credentials,
+    missing bucket) or StoreUnavailable (endpoint) with one line. A local lake is not
+    touched (a missing directory is created when landing, refused when reading)."""
+    loc = _location(lake)
+    if loc.path is None:
+        open_store(loc, s3).check()
+    return loc
+
+
+def has_data(lake: Path | str | LakeLocation, *, s3: S3Settings | None = None) -> bool:
+    """Whether the lake holds any data file (seeds do not count)."""
+    loc = _location(lake)
+    if loc.path is not None:
+        return any(f.name != "seed.parquet" for f in loc.path.rglob("*.parquet"))
+    from services.lake.datasets import DATASETS
+    from services.lake.objwriter import data_files
+
+    store = open_store(loc, s3)
+    return any(data_files(store, ds) for ds in DATASETS)
