@@ -5,9 +5,10 @@ computed from.
 Per node count a simulated cluster (spread exporters, the demo's faults) is published as a
 backlog onto fresh topics. Then, one after the other, the worker refines it, detect reads
 what the worker wrote, and the lander lands it: each stage a process (or two, one consumer
-group) with the broker on the same cores, measured from the moment its group is joined to
-the moment it has committed everything (``CPU-s``: user + system of its processes; ``peak
-RSS``: the largest ``VmHWM`` of its processes). The second replica runs at the largest node
+group) with the broker on the same cores, measured from its start to the moment its group
+has committed everything, less what one process of the stage spends starting up and joining
+on empty topics (``CPU-s``: user + system of its processes; ``peak RSS``: the largest
+``VmHWM`` of its processes). The second replica runs at the largest node
 count under a new group on the same input: on this machine's two cores it cannot run faster,
 so its figure is CPU-seconds per million samples against one replica's (the goal: within
 10 %); wall-clock throughput is reported too. Sizes of the raw and refined records give
@@ -79,10 +80,18 @@ def _args(stage: str, prefix: str, group: str, i: int, workdir: Path) -> list[st
 
 
 def run_stage(
-    k: BenchKafka, stage: str, prefix: str, replicas: int, nodes: int, samples: int
+    k: BenchKafka,
+    stage: str,
+    prefix: str,
+    replicas: int,
+    nodes: int,
+    samples: int,
+    idle: tuple[float, float] = (0.0, 0.0),
 ) -> StageRun:
     """Run ``replicas`` processes of ``stage`` under a fresh group over the backlog of
-    ``prefix`` until the group has committed all of its input."""
+    ``prefix`` until the group has committed all of its input; from their start, less
+    ``idle`` (CPU-s of each process, wall s: :func:`idle_start`), so that the figures are
+    the work of draining, whenever it began."""
     group = f"{prefix}{stage}-x{replicas}-{time.monotonic_ns() % 10**6}"
     inputs = {"worker": RAW, "detect": DERIVED,
               "land": tuple(t for t, _ in LANDED)}[stage]  # fmt: skip
@@ -90,16 +99,32 @@ def run_stage(
     lake = k.workdir / f"{group}-lake" if stage == "land" else None
     kids = [k.start(f"{group}-{i}", _args(stage, prefix, group, i, k.workdir), lake=lake)
             for i in range(replicas)]  # fmt: skip
+    t0 = time.monotonic()
     try:
         k.wait(f"{stage} joins", lambda: k.joined(group), 120, kids)
-        t0, cpu0 = time.monotonic(), _cpu(kids)
         k.wait(f"{stage} drains", lambda: k.lag(group, topics) == 0, 900, kids)
-        wall, cpu = time.monotonic() - t0, _cpu(kids) - cpu0
+        wall, cpu = time.monotonic() - t0, _cpu(kids)
         rss = max(peak_rss_mib(c.proc.pid) for c in kids)
     finally:
         for c in kids:
             c.stop(60)
+    cpu, wall = max(cpu - replicas * idle[0], 1e-3), max(wall - idle[1], 1e-3)
     return StageRun(stage, nodes, replicas, samples, cpu, wall, rss)
+
+
+def idle_start(k: BenchKafka, stage: str, prefix: str) -> tuple[float, float]:
+    """CPU-s and wall s of one ``stage`` process from its start until its group is joined
+    on topics without records, plus the 2 s a drained group is polled at most."""
+    group = f"{prefix}{stage}-idle"
+    kid = k.start(group, _args(stage, prefix, group, 0, k.workdir),
+                  lake=k.workdir / f"{group}-lake" if stage == "land" else None)  # fmt: skip
+    t0 = time.monotonic()
+    try:
+        k.wait(f"{stage} joins", lambda: k.joined(group), 120, [kid])
+        time.sleep(2.0)
+        return _cpu([kid]), time.monotonic() - t0
+    finally:
+        kid.stop(60)
 
 
 def _cpu(kids: list[Child]) -> float:
@@ -133,6 +158,9 @@ def measure_stages(
     broker's bytes per sample. The figures as a JSON-able dict (``runs`` holds each run)."""
     runs: list[StageRun] = []
     wire: dict[str, float] = {}
+    empty = k.fresh_topics()
+    idle = {stage: idle_start(k, stage, empty) for stage in ("worker", "detect", "land")}
+    k.say(f"  stages: start-up to joined, CPU-s and wall s: {idle}")
     for n in node_counts:
         prefix, samples = publish_backlog(k, n, seconds, seed)
         k.say(f"  stages: {n} nodes, {samples:,} samples published")
@@ -142,14 +170,14 @@ def measure_stages(
             plan = [("worker", 1), ("detect", 1), ("detect", 2), ("land", 1), ("land", 2),
                     ("worker", 2)]  # fmt: skip
         for stage, replicas in plan:
-            runs.append(run_stage(k, stage, prefix, replicas, n, samples))
+            runs.append(run_stage(k, stage, prefix, replicas, n, samples, idle[stage]))
             k.say(f"  stages: {runs[-1]}")
             if (stage, replicas) == ("land", 2):  # the refined topics as one worker wrote them
                 for t in ("telemetry.raw", "telemetry.refined", "telemetry.accounting"):
                     wire[t] = topic_bytes(k, prefix + t) / samples
     per_node_s = samples / (node_counts[-1] * seconds)
     return {"runs": [asdict(r) for r in runs], "bytes_per_sample": wire, "seconds": seconds,
-            "samples_per_node_s": per_node_s}  # fmt: skip
+            "samples_per_node_s": per_node_s, "idle_start": idle}  # fmt: skip
 
 
 def stage_figures(m: dict[str, Any]) -> dict[str, dict[str, float]]:
