@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import os
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 
@@ -407,7 +408,8 @@ class LakeWriter:
             self._seeded.add(dataset)
             return
         hdir.mkdir(parents=True, exist_ok=True)
-        tmp = hdir / f".seed{PARTIAL_SUFFIX}"
+        # a name of its own: landers sharing a lake may seed it at the same moment
+        tmp = hdir / f".seed-{os.getpid()}-{uuid.uuid4().hex[:8]}{PARTIAL_SUFFIX}"
         write_parquet_durably(schema.empty_table(), tmp, write_options(schema, 1024))
         os.replace(tmp, seed)
         fsync_dir(hdir)
@@ -444,15 +446,18 @@ class LakeWriter:
     def recover(self, dataset: str, partitions: set[int] | None = None) -> int:
         """Finish or undo landings a crash interrupted; returns files renamed or removed.
 
-        Flushes with a manifest are rolled forward (every temp renamed). Other ``.land-``
-        temps of ``partitions`` (all when None) are removed: their offsets were never
-        committed, so they will be consumed again. Call only while no other writer is landing
-        those partitions.
+        Flushes of ``partitions`` (all when None) with a manifest are rolled forward (every
+        temp renamed). Other ``.land-`` temps of ``partitions`` are removed: their offsets
+        were never committed, so they will be consumed again. Call only while no other writer
+        is landing those partitions; another lander's partitions are not touched.
         """
         n = 0
         ldir = self.paths.landing_dir(dataset)
         if ldir.is_dir():
             for m in sorted(ldir.iterdir()):
+                part = m.name[1:].split("-", 1)[0]
+                if partitions is not None and not (part.isdigit() and int(part) in partitions):
+                    continue  # another lander's flush (a manifest is p<partition>-...)
                 if m.name.endswith(".partial"):
                     m.unlink()
                     continue

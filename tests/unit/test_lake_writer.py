@@ -92,6 +92,19 @@ def test_crash_in_multi_hour_flush_recovers_all_or_nothing(tmp_path: Path, crash
     assert leftovers == []
 
 
+def test_recovery_leaves_another_landers_flush_alone(tmp_path: Path) -> None:
+    """Landers sharing a lake recover only their own partitions' flushes: a flush of
+    partition 0 still in flight (its manifest written) is not another lander's to move."""
+    start = T0 + HOUR_NS - 10 * 10**9
+    assert _land_in_child(tmp_path, "before_rename", start) == 137
+    w = LakeWriter(tmp_path)
+    assert w.recover("samples", {1, 2}) == 0
+    assert w.landed_high_water("samples") == {}  # partition 0's flush is left as it was
+    assert len(list((tmp_path / ".landing" / "samples").iterdir())) == 1
+    assert w.recover("samples", {0}) == 2  # its owner rolls it forward
+    assert w.landed_high_water("samples") == {0: 9}
+
+
 def test_crash_before_rename_of_single_file_leaves_nothing_visible(tmp_path: Path) -> None:
     start = T0 + 60 * 10**9
     assert _land_in_child(tmp_path, "before_rename", start) == 137
