@@ -114,6 +114,12 @@ def add_parser(sub: Any) -> None:
         help="run nothing: print the docs/performance.md page for the JSON of an earlier run",
     )
     p.add_argument(
+        "--sizing",
+        metavar="FILE",
+        help="run nothing: write the capacity plan computed from the JSON of an earlier run "
+        "(its stages and lake figures) into docs/operations.md",
+    )
+    p.add_argument(
         "--only", metavar="NAME,...", help=f"run only these benchmarks ({', '.join(BENCHMARKS)})"
     )
     p.add_argument(
@@ -127,6 +133,27 @@ def add_parser(sub: Any) -> None:
 
 def _say(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
+
+
+def _write_sizing(path: Path, doc_path: Path = Path("docs/operations.md")) -> int:
+    from lab.bench.doc import BenchDocError, load
+    from lab.bench.sizing import sizing_block, write_block
+
+    try:
+        block = sizing_block(load(path))
+    except BenchDocError as e:
+        _say(f"refinery bench: {e}")
+        return 2
+    if block is None:
+        _say(f"refinery bench: {path} has no stages figures (run with --only stages,lake)")
+        return 2
+    try:
+        write_block(doc_path, block)
+    except (OSError, ValueError) as e:
+        _say(f"refinery bench: {e}")
+        return 2
+    _say(f"refinery bench: capacity plan written into {doc_path}")
+    return 0
 
 
 def _selected(only: str | None) -> list[str]:
@@ -153,6 +180,8 @@ def run(args: argparse.Namespace, settings: RefinerySettings) -> int:
             _say(f"refinery bench: {e}")
             return 2
         return 0
+    if args.sizing:
+        return _write_sizing(Path(args.sizing))
     names = _selected(args.only)
     mode = "smoke" if args.smoke else "quick" if args.quick else "full"
     sizes = Sizes.of(mode)

@@ -74,23 +74,28 @@ def render(plans: list[dict[str, Any]], source: str) -> str:
     return "\n".join([*rows, "", source])
 
 
-def sizing_block(report: dict[str, Any]) -> str | None:
-    """The sizing table for a ``refinery bench --json`` report (None without the stages
-    benchmark's figures)."""
-    st = report.get("details", {}).get("stages")
+def sizing_block(doc: dict[str, Any]) -> str | None:
+    """The sizing table for the JSON of a ``refinery bench --json`` run (None without the
+    ``stages`` benchmark's figures). Lake bytes per sample: the ``lake`` benchmark's
+    compacted figure when the run has it, else 0 (stated)."""
+    benches = doc.get("benchmarks", {})
+    st = (benches.get("stages") or {}).get("details", {}).get("stages")
     if not st:
         return None
     from lab.bench.stages import stage_figures
 
     figs = stage_figures(st)
-    lake = float(report.get("details", {}).get("lake", {}).get("bytes_per_sample_compacted", 0))
+    lake_fig = (benches.get("lake") or {}).get("figures", {}).get("bytes_per_sample_compacted")
+    lake = float((lake_fig or {}).get("value") or 0.0)
     plans = [plan(figs, st["bytes_per_sample"], lake, st["samples_per_node_s"], n) for n in NODES]
     src = ", ".join(
         f"{s} {f['samples_per_cpu_s'] / 1e6:.2f} M samples/CPU-s, "
         f"{f['rss_mib_per_node']:.1f} MiB/node" for s, f in figs.items()
     )  # fmt: skip
+    lake_text = f"{lake:.2f} B/sample in the lake" if lake else "no lake figure in this run"
     return render(plans, f"From the measured figures: {src}; a node publishes "
-                  f"{st['samples_per_node_s']:,.0f} samples/s.")  # fmt: skip
+                  f"{st['samples_per_node_s']:,.0f} samples/s; {lake_text}; run kind "
+                  f"`{doc.get('mode', '?')}`.")  # fmt: skip
 
 
 def write_block(path: Path, text: str) -> None:
