@@ -76,7 +76,7 @@ class Sizes:
     # detect_stage: node counts replayed in-process, seconds simulated each
     detect: tuple[tuple[int, ...], int] = ((24, 96, 384), 30)
     # stages: node counts each stage drains as a process, seconds simulated each
-    stages: tuple[tuple[int, ...], int] = ((24, 96), 20)
+    stages: tuple[tuple[int, ...], int] = ((32, 128), 30)
 
     @classmethod
     def of(cls, mode: str) -> Sizes:
@@ -88,7 +88,7 @@ class Sizes:
         if mode == "quick":
             return cls(
                 900_000, 250, 40, 30, 1, 100_000, 20, 60.0, 60, lake_penalty=(16, 300, 3),
-                ingest=(1.0, 200, 300), detect=((24, 96, 192), 20), stages=((16, 48), 15),
+                ingest=(1.0, 200, 300), detect=((24, 96, 192), 20), stages=((16, 64), 20),
             )  # fmt: skip
         return cls(8_000_000, 1000, 300, 60, 2, 2_000_000, 200, 300.0, 360)
 

@@ -5,11 +5,12 @@ computed from.
 Per node count a simulated cluster (spread exporters, the demo's faults) is published as a
 backlog onto fresh topics. Then, one after the other, the worker refines it, detect reads
 what the worker wrote, and the lander lands it: each stage a process (or two, one consumer
-group) with the broker on the same cores, measured from its start to the moment its group
-has committed everything, less what one process of the stage spends starting up and joining
-on empty topics (``CPU-s``: user + system of its processes; ``peak RSS``: the largest
-``VmHWM`` of its processes). The second replica runs at the largest node
-count under a new group on the same input: on this machine's two cores it cannot run faster,
+group) with the broker on the same cores: started on fresh, empty topics, then, once every
+process has joined, the backlog is copied in (the stage's input records, as they were
+written), and the stage is measured from the copy's start until its group has committed
+everything (``CPU-s``: user + system of its processes, so start-up and rebalances are left
+out; ``peak RSS``: the largest ``VmHWM`` of its processes). The second replica runs at the
+largest node count on the same input: on this machine's two cores it cannot run faster,
 so its figure is CPU-seconds per million samples against one replica's (the goal: within
 10 %); wall-clock throughput is reported too. Sizes of the raw and refined records give
 the broker's bytes per sample.
@@ -18,12 +19,13 @@ the broker's bytes per sample.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from lab.bench.figures import BenchResult, GoalOp
-from lab.bench.harness import BenchKafka, S, process_cpu_s, records, sim_topics
+from lab.bench.harness import BenchKafka, S, end_count, process_cpu_s, records, sim_topics
 from lab.bench.pipeline_procs import LANDED
 from lab.demo.procs import Child, worker_args
 from lab.demo.run import FAULTS
@@ -80,51 +82,71 @@ def _args(stage: str, prefix: str, group: str, i: int, workdir: Path) -> list[st
 
 
 def run_stage(
-    k: BenchKafka,
-    stage: str,
-    prefix: str,
-    replicas: int,
-    nodes: int,
-    samples: int,
-    idle: tuple[float, float] = (0.0, 0.0),
-) -> StageRun:
-    """Run ``replicas`` processes of ``stage`` under a fresh group over the backlog of
-    ``prefix`` until the group has committed all of its input; from their start, less
-    ``idle`` (CPU-s of each process, wall s: :func:`idle_start`), so that the figures are
-    the work of draining, whenever it began."""
-    group = f"{prefix}{stage}-x{replicas}-{time.monotonic_ns() % 10**6}"
+    k: BenchKafka, stage: str, src: str, replicas: int, nodes: int, samples: int
+) -> tuple[StageRun, str]:
+    """``replicas`` processes of ``stage`` under one group on fresh topics: started and
+    joined on empty inputs (topology and jobs copied from ``src`` first), then ``src``'s
+    input records copied in; measured from the copy's start until the group has committed
+    all of them. Returns the run and the fresh prefix (holding what the stage wrote)."""
+    dst = k.fresh_topics()
+    copy_topics(k, src, dst, ("topology", "topology.nodes", "jobs"))
+    group = f"{dst}{stage}"
     inputs = {"worker": RAW, "detect": DERIVED,
               "land": tuple(t for t, _ in LANDED)}[stage]  # fmt: skip
-    topics = [prefix + t for t in inputs]
     lake = k.workdir / f"{group}-lake" if stage == "land" else None
-    kids = [k.start(f"{group}-{i}", _args(stage, prefix, group, i, k.workdir), lake=lake)
+    kids = [k.start(f"{group}-{i}", _args(stage, dst, group, i, k.workdir), lake=lake)
             for i in range(replicas)]  # fmt: skip
-    t0 = time.monotonic()
     try:
-        k.wait(f"{stage} joins", lambda: k.joined(group), 120, kids)
-        k.wait(f"{stage} drains", lambda: k.lag(group, topics) == 0, 900, kids)
-        wall, cpu = time.monotonic() - t0, _cpu(kids)
+        k.wait(f"{stage} joins", lambda: _members(k, group) == replicas, 180, kids)
+        time.sleep(3.0)  # the last joiner's assignment handled
+        t0, cpu0 = time.monotonic(), _cpu(kids)
+        copy_topics(k, src, dst, inputs)
+        k.wait(f"{stage} drains", lambda: k.lag(group, [dst + t for t in inputs]) == 0, 900,
+               kids)  # fmt: skip
+        wall, cpu = time.monotonic() - t0, _cpu(kids) - cpu0
         rss = max(peak_rss_mib(c.proc.pid) for c in kids)
     finally:
         for c in kids:
             c.stop(60)
-    cpu, wall = max(cpu - replicas * idle[0], 1e-3), max(wall - idle[1], 1e-3)
-    return StageRun(stage, nodes, replicas, samples, cpu, wall, rss)
+    return StageRun(stage, nodes, replicas, samples, cpu, wall, rss), dst
 
 
-def idle_start(k: BenchKafka, stage: str, prefix: str) -> tuple[float, float]:
-    """CPU-s and wall s of one ``stage`` process from its start until its group is joined
-    on topics without records, plus the 2 s a drained group is polled at most."""
-    group = f"{prefix}{stage}-idle"
-    kid = k.start(group, _args(stage, prefix, group, 0, k.workdir),
-                  lake=k.workdir / f"{group}-lake" if stage == "land" else None)  # fmt: skip
-    t0 = time.monotonic()
+def _reached(total: int) -> Callable[[int], bool]:
+    return lambda count: count >= total
+
+
+def _members(k: BenchKafka, group: str) -> int:
+    """Members of ``group`` once it is stable (0 before)."""
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({**k.conf, "log_level": 3})
     try:
-        k.wait(f"{stage} joins", lambda: k.joined(group), 120, [kid])
-        time.sleep(2.0)
-        return _cpu([kid]), time.monotonic() - t0
-    finally:
-        kid.stop(60)
+        res = admin.describe_consumer_groups([group], request_timeout=5)[group].result()
+    except Exception:  # not there yet, or the coordinator is loading
+        return 0
+    return len(res.members) if str(res.state).endswith("STABLE") else 0
+
+
+def copy_topics(k: BenchKafka, src: str, dst: str, topics: tuple[str, ...]) -> int:
+    """Copy every record of ``src + t`` to the same partition of ``dst + t``, for each of
+    ``topics`` (key, value, headers); returns the records copied."""
+    from confluent_kafka import Producer
+
+    prod = Producer({**k.conf, "linger.ms": 20, "compression.type": "zstd",
+                     "enable.idempotence": True, "message.max.bytes": 64 << 20})  # fmt: skip
+    n = 0
+    for t in topics:
+        total = end_count(k.conf, src + t)
+        if not total:
+            continue
+        for m in records(k.conf, src + t, _reached(total), 300):
+            prod.produce(dst + t, m.value(), m.key(), partition=m.partition(),
+                         headers=m.headers())  # fmt: skip
+            prod.poll(0)
+            n += 1
+    if prod.flush(120):
+        raise RuntimeError(f"copying {topics} into {dst}: records not acknowledged")
+    return n
 
 
 def _cpu(kids: list[Child]) -> float:
@@ -142,13 +164,23 @@ def publish_backlog(k: BenchKafka, nodes: int, seconds: int, seed: int) -> tuple
     return prefix, rep.samples_acked
 
 
-def topic_bytes(k: BenchKafka, topic: str) -> int:
-    """Key and value bytes of every record of ``topic``."""
+def topic_bytes(k: BenchKafka, topic: str) -> tuple[int, int]:
+    """Key and value bytes of every record of ``topic``, as read and as zstd compresses them
+    in 1 MiB runs (the producers' batch compression: what the broker stores and sends)."""
+    import pyarrow as pa
+
     from lab.demo.procs import end_offsets
 
     total = sum(end_offsets(k.conf, [topic]).values())
-    return sum(len(m.value() or b"") + len(m.key() or b"")
-               for m in records(k.conf, topic, lambda n: n >= total, 120))  # fmt: skip
+    codec, plain, packed, run = pa.Codec("zstd"), 0, 0, bytearray()
+    for m in records(k.conf, topic, lambda n: n >= total, 120):
+        run += (m.key() or b"") + (m.value() or b"")
+        if len(run) >= 1 << 20:
+            plain, packed = plain + len(run), packed + len(codec.compress(bytes(run)))
+            run.clear()
+    if run:
+        plain, packed = plain + len(run), packed + len(codec.compress(bytes(run)))
+    return plain, packed
 
 
 def measure_stages(
@@ -158,26 +190,24 @@ def measure_stages(
     broker's bytes per sample. The figures as a JSON-able dict (``runs`` holds each run)."""
     runs: list[StageRun] = []
     wire: dict[str, float] = {}
-    empty = k.fresh_topics()
-    idle = {stage: idle_start(k, stage, empty) for stage in ("worker", "detect", "land")}
-    k.say(f"  stages: start-up to joined, CPU-s and wall s: {idle}")
     for n in node_counts:
         prefix, samples = publish_backlog(k, n, seconds, seed)
         k.say(f"  stages: {n} nodes, {samples:,} samples published")
-        # a second worker group writes the refined topics again: it runs last
-        plan = [("worker", 1), ("detect", 1), ("land", 1)]
+        refined = ""
+        for stage in ("worker", "detect", "land"):
+            for replicas in (1, 2) if n == node_counts[-1] else (1,):
+                run, out = run_stage(k, stage, refined or prefix, replicas, n, samples)
+                runs.append(run)
+                k.say(f"  stages: {run}")
+                if stage == "worker" and replicas == 1:
+                    refined = out  # what detect and the lander read
         if n == node_counts[-1]:
-            plan = [("worker", 1), ("detect", 1), ("detect", 2), ("land", 1), ("land", 2),
-                    ("worker", 2)]  # fmt: skip
-        for stage, replicas in plan:
-            runs.append(run_stage(k, stage, prefix, replicas, n, samples, idle[stage]))
-            k.say(f"  stages: {runs[-1]}")
-            if (stage, replicas) == ("land", 2):  # the refined topics as one worker wrote them
-                for t in ("telemetry.raw", "telemetry.refined", "telemetry.accounting"):
-                    wire[t] = topic_bytes(k, prefix + t) / samples
+            for t in ("telemetry.raw", "telemetry.refined", "telemetry.accounting"):
+                plain, packed = topic_bytes(k, (prefix if t == "telemetry.raw" else refined) + t)
+                wire[t], wire[t + " (uncompressed)"] = packed / samples, plain / samples
     per_node_s = samples / (node_counts[-1] * seconds)
     return {"runs": [asdict(r) for r in runs], "bytes_per_sample": wire, "seconds": seconds,
-            "samples_per_node_s": per_node_s, "idle_start": idle}  # fmt: skip
+            "samples_per_node_s": per_node_s}  # fmt: skip
 
 
 def stage_figures(m: dict[str, Any]) -> dict[str, dict[str, float]]:
@@ -226,6 +256,7 @@ def bench_stages(
             r.add(f"{stage}_two_replicas_speedup", f["two_replicas_speedup"], "x",
                   note="wall time of one / of two, both on this machine's cores")  # fmt: skip
     for t, b in m["bytes_per_sample"].items():
-        r.add(f"wire_bytes_per_sample_{t.split('.')[-1]}", b, "B/sample", note=t)
+        name = t.split(" ")[0].split(".")[-1] + ("_uncompressed" if " " in t else "")
+        r.add(f"wire_bytes_per_sample_{name}", b, "B/sample", note=t + ", key and value")
     r.details["stages"] = m
     return r
