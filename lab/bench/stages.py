@@ -5,15 +5,17 @@ computed from.
 Per node count a simulated cluster (spread exporters, the demo's faults) is published as a
 backlog onto fresh topics. Then, one after the other, the worker refines it, detect reads
 what the worker wrote, and the lander lands it: each stage a process (or two, one consumer
-group) with the broker on the same cores: started on fresh, empty topics, then, once every
-process has joined, the backlog is copied in (the stage's input records, as they were
-written), and the stage is measured from the copy's start until its group has committed
-everything (``CPU-s``: user + system of its processes, so start-up and rebalances are left
-out; ``peak RSS``: the largest ``VmHWM`` of its processes). The second replica runs at the
-largest node count on the same input: on this machine's two cores it cannot run faster,
-so its figure is CPU-seconds per million samples against one replica's (the goal: within
-10 %); wall-clock throughput is reported too. Sizes of the raw and refined records give
-the broker's bytes per sample.
+group) with the broker on the same cores. A stage starts on fresh, empty topics; once every
+process has joined, its input records are copied in at the pace they were made (the
+simulated seconds over as many wall seconds: the cluster's live load, so groups and memory
+are those of a live stage, not of a backlog), and it is measured from the copy's start
+until its group has committed everything (``CPU-s``: user + system of its processes, so
+start-up and rebalances are left out; ``peak RSS``: the largest ``VmHWM`` of its processes).
+
+The second replica runs at the largest node count on the same input. On this machine's two
+cores it cannot run faster, so its figure is CPU-seconds per million samples against one
+replica's (the goal: within 10 %); the wall-clock speed-up is reported too. The sizes of the
+raw, refined and accounting records, as zstd stores them, give the broker's bytes per sample.
 """
 
 from __future__ import annotations
@@ -82,12 +84,19 @@ def _args(stage: str, prefix: str, group: str, i: int, workdir: Path) -> list[st
 
 
 def run_stage(
-    k: BenchKafka, stage: str, src: str, replicas: int, nodes: int, samples: int
+    k: BenchKafka,
+    stage: str,
+    src: str,
+    replicas: int,
+    nodes: int,
+    samples: int,
+    over_s: float = 0.0,
 ) -> tuple[StageRun, str]:
     """``replicas`` processes of ``stage`` under one group on fresh topics: started and
     joined on empty inputs (topology and jobs copied from ``src`` first), then ``src``'s
     input records copied in; measured from the copy's start until the group has committed
-    all of them. Returns the run and the fresh prefix (holding what the stage wrote)."""
+    all of them; ``over_s``: the input copied at the pace it was made (see
+    :func:`copy_topics`). Returns the run and the fresh prefix (what the stage wrote)."""
     dst = k.fresh_topics()
     copy_topics(k, src, dst, ("topology", "topology.nodes", "jobs"))
     group = f"{dst}{stage}"
@@ -100,7 +109,7 @@ def run_stage(
         k.wait(f"{stage} joins", lambda: _members(k, group) == replicas, 180, kids)
         time.sleep(3.0)  # the last joiner's assignment handled
         t0, cpu0 = time.monotonic(), _cpu(kids)
-        copy_topics(k, src, dst, inputs)
+        copy_topics(k, src, dst, inputs, over_s)
         k.wait(f"{stage} drains", lambda: k.lag(group, [dst + t for t in inputs]) == 0, 900,
                kids)  # fmt: skip
         wall, cpu = time.monotonic() - t0, _cpu(kids) - cpu0
@@ -127,26 +136,40 @@ def _members(k: BenchKafka, group: str) -> int:
     return len(res.members) if str(res.state).endswith("STABLE") else 0
 
 
-def copy_topics(k: BenchKafka, src: str, dst: str, topics: tuple[str, ...]) -> int:
+def copy_topics(
+    k: BenchKafka, src: str, dst: str, topics: tuple[str, ...], over_s: float = 0.0
+) -> int:
     """Copy every record of ``src + t`` to the same partition of ``dst + t``, for each of
-    ``topics`` (key, value, headers); returns the records copied."""
+    ``topics`` (key, value, headers); with ``over_s``, each topic's records evenly over that
+    many seconds, the topics side by side (as live producers send them). Returns the
+    records copied."""
     from confluent_kafka import Producer
 
     prod = Producer({**k.conf, "linger.ms": 20, "compression.type": "zstd",
                      "enable.idempotence": True, "message.max.bytes": 64 << 20})  # fmt: skip
-    n = 0
-    for t in topics:
-        total = end_count(k.conf, src + t)
-        if not total:
-            continue
-        for m in records(k.conf, src + t, _reached(total), 300):
-            prod.produce(dst + t, m.value(), m.key(), partition=m.partition(),
-                         headers=m.headers())  # fmt: skip
-            prod.poll(0)
-            n += 1
+    totals = {t: end_count(k.conf, src + t) for t in topics}
+    feeds = {t: records(k.conf, src + t, _reached(n), 600) for t, n in totals.items() if n}
+    sent = dict.fromkeys(feeds, 0)
+    t0 = time.monotonic()
+    while feeds:
+        share = min(1.0, (time.monotonic() - t0) / over_s) if over_s > 0 else 1.0
+        for t, feed in list(feeds.items()):
+            while sent[t] < totals[t] * share:
+                m = next(feed, None)
+                if m is None:
+                    sent[t] = totals[t]
+                    break
+                prod.produce(dst + t, m.value(), m.key(), partition=m.partition(),
+                             headers=m.headers())  # fmt: skip
+                prod.poll(0)
+                sent[t] += 1
+            if sent[t] >= totals[t]:
+                del feeds[t]
+        if feeds:
+            time.sleep(0.05)
     if prod.flush(120):
         raise RuntimeError(f"copying {topics} into {dst}: records not acknowledged")
-    return n
+    return sum(sent.values())
 
 
 def _cpu(kids: list[Child]) -> float:
@@ -196,7 +219,8 @@ def measure_stages(
         refined = ""
         for stage in ("worker", "detect", "land"):
             for replicas in (1, 2) if n == node_counts[-1] else (1,):
-                run, out = run_stage(k, stage, refined or prefix, replicas, n, samples)
+                src = refined or prefix
+                run, out = run_stage(k, stage, src, replicas, n, samples, seconds)
                 runs.append(run)
                 k.say(f"  stages: {run}")
                 if stage == "worker" and replicas == 1:
@@ -240,7 +264,7 @@ def bench_stages(
     r = BenchResult("stages")
     m = measure_stages(k, node_counts, seconds)
     figs = stage_figures(m)
-    drain = f"one process draining a {node_counts[-1]}-node backlog (group joined to drained)"
+    drain = f"one process at the live load of {node_counts[-1]} nodes (input copied in, drained)"
     for stage, f in figs.items():
         det = stage == "detect"
         rate_goal: tuple[GoalOp | None, float | None] = (">=", 1e6) if det else (None, None)
