@@ -7,15 +7,22 @@ unchanged: temp file, fsync, rename) or the object-store ones
 :class:`~services.lake.objcompact.ObjectCompactor`: conditional creates, manifests as objects,
 a lease) for ``s3://bucket/prefix``. Both satisfy :class:`LakeSink` / :class:`LakeCompaction`,
 the only types the landing service knows. Any other scheme is a ConfigError (one line).
+
+With ``REFINERY_LAKE_FORMAT=iceberg`` (:class:`~services.lake.iceberg.IcebergSettings`) the
+writer is :class:`~services.lake.iceberg_sink.IcebergLakeSink`, a :class:`BatchLakeSink` (one
+Iceberg append per flush of a dataset), and the compaction is snapshot expiry
+(:class:`~services.lake.iceberg_maint.IcebergMaintenance`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import duckdb
+import numpy as np
 import pyarrow as pa
 
 from services.lake.compact import CompactionReport, Compactor
@@ -23,6 +30,7 @@ from services.lake.location import LakeLocation, parse_location
 from services.lake.writer import CrashSeam, LakeWriter
 
 if TYPE_CHECKING:
+    from services.lake.iceberg import IcebergSettings
     from services.lake.s3store import S3ObjectStore, S3Settings
 
 
@@ -46,6 +54,25 @@ class LakeSink(Protocol):
     def ensure_seeds(self) -> None: ...
 
     def reader(self) -> duckdb.DuckDBPyConnection | None: ...
+
+
+@dataclass(frozen=True)
+class Flush:
+    """One source partition's share of a flush: offsets ``first..last``, their rows (None or
+    empty when none decoded) and the Kafka offset of each row (None: unknown)."""
+
+    partition: int
+    first: int
+    last: int
+    table: pa.Table | None
+    row_offsets: np.ndarray | None = None
+
+
+@runtime_checkable
+class BatchLakeSink(LakeSink, Protocol):
+    """A sink that commits every partition of a dataset's flush at once (Iceberg)."""
+
+    def land_flushes(self, dataset: str, flushes: Sequence[Flush]) -> Sequence[Path | str]: ...
 
 
 class LakeCompaction(Protocol):
@@ -79,11 +106,28 @@ def open_store(lake: Path | str | LakeLocation, s3: S3Settings | None = None) ->
     return S3ObjectStore(loc, s3)
 
 
+def _iceberg(iceberg: IcebergSettings | None) -> IcebergSettings | None:
+    return iceberg if iceberg is not None and iceberg.is_iceberg else None
+
+
 def open_writer(
-    lake: Path | str | LakeLocation, *, s3: S3Settings | None = None, **kw: Any
+    lake: Path | str | LakeLocation,
+    *,
+    s3: S3Settings | None = None,
+    iceberg: IcebergSettings | None = None,
+    **kw: Any,
 ) -> LakeSink:
-    """The writer of ``lake``; ``kw`` as for LakeWriter (row_group_rows, crash_at)."""
+    """The writer of ``lake``; ``kw`` as for LakeWriter (row_group_rows, crash_at); an
+    IcebergLakeSink when ``iceberg`` says the format is iceberg."""
     loc = _location(lake)
+    if (ice := _iceberg(iceberg)) is not None:
+        from services.lake.iceberg import open_catalog
+        from services.lake.iceberg_sink import IcebergLakeSink
+        from services.lake.store import DirectoryObjectStore
+
+        seeds = DirectoryObjectStore(loc.path) if loc.path is not None else open_store(loc, s3)
+        cat = open_catalog(ice, loc, s3)
+        return IcebergLakeSink(cat, ice.iceberg_namespace, seeds, s3=s3, **kw)
     if loc.path is not None:
         return LakeWriter(loc.path, **kw)
     from services.lake.objwriter import ObjectLakeWriter
@@ -92,10 +136,21 @@ def open_writer(
 
 
 def open_compactor(
-    lake: Path | str | LakeLocation, *, s3: S3Settings | None = None, **kw: Any
+    lake: Path | str | LakeLocation,
+    *,
+    s3: S3Settings | None = None,
+    iceberg: IcebergSettings | None = None,
+    **kw: Any,
 ) -> LakeCompaction:
-    """The compactor of ``lake``; ``kw`` as for Compactor (grace_s, crash_at, ...)."""
+    """The compactor of ``lake``; ``kw`` as for Compactor (grace_s, crash_at, ...). For an
+    Iceberg lake, snapshot expiry (``kw`` ignored)."""
     loc = _location(lake)
+    if (ice := _iceberg(iceberg)) is not None:
+        from services.lake.iceberg import open_catalog
+        from services.lake.iceberg_maint import IcebergMaintenance
+
+        cat = open_catalog(ice, loc, s3)
+        return IcebergMaintenance(cat, ice.iceberg_namespace, ice.iceberg_keep_s)
     if loc.path is not None:
         return Compactor(loc.path, **kw)
     from services.lake.objcompact import ObjectCompactor

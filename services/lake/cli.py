@@ -24,6 +24,7 @@ from services.lake import sqlload
 from services.lake.backend import check_lake, has_data, open_compactor, open_writer
 from services.lake.compact import CompactionReport
 from services.lake.datasets import DATASETS
+from services.lake.iceberg import IcebergSettings
 from services.lake.land import LandingService
 from services.lake.layout import parse_hour
 from services.lake.location import LakeLocation, parse_location
@@ -63,8 +64,19 @@ def _lake(settings: RefinerySettings) -> tuple[LakeLocation, S3Settings | None]:
     return loc, S3Settings()
 
 
+def _iceberg(fmt: str | None = None) -> IcebergSettings:
+    """The lake format settings (REFINERY_LAKE_FORMAT ...), ``fmt`` (a flag) overriding."""
+    ice = IcebergSettings()
+    return ice if fmt is None else ice.model_copy(update={"lake_format": fmt})
+
+
 def cmd_land(args: argparse.Namespace, settings: RefinerySettings) -> int:
     conf = {**settings.kafka().librdkafka(), "group.id": args.group}
+    ice = _iceberg(args.format)
+    topics = _topic_map(args.topics)
+    if ice.is_iceberg and len(set(topics.values())) < len(topics):
+        raise ValueError("an Iceberg lake lands one topic per dataset (its offsets by partition)")
+    max_age = args.max_age if args.max_age is not None else 60.0 if ice.is_iceberg else 2.0
     if args.instance_id:  # static membership: a restarted lander takes over at once
         conf["group.instance.id"] = args.instance_id
     from services.kafka.log import require_cluster
@@ -72,14 +84,14 @@ def cmd_land(args: argparse.Namespace, settings: RefinerySettings) -> int:
     lake, s3 = _lake(settings)
     check_lake(lake, s3=s3)  # credentials, bucket, endpoint: one line before consuming
     require_cluster(conf)  # first contact: one line naming the address and the cause
-    writer = open_writer(lake, s3=s3)
-    compactor = None if args.no_compact else open_compactor(lake, s3=s3)
+    writer = open_writer(lake, s3=s3, iceberg=ice)
+    compactor = None if args.no_compact else open_compactor(lake, s3=s3, iceberg=ice)
     svc = LandingService(
         conf,
         writer,
-        _topic_map(args.topics),
+        topics,
         max_rows=args.max_rows,
-        max_age_s=args.max_age,
+        max_age_s=max_age,
         compactor=compactor,
         crash_at=args.crash_at,
     )
@@ -98,7 +110,7 @@ def cmd_land(args: argparse.Namespace, settings: RefinerySettings) -> int:
 def cmd_compact(args: argparse.Namespace, settings: RefinerySettings) -> int:
     lake, s3 = _lake(settings)
     check_lake(lake, s3=s3)
-    c = open_compactor(lake, s3=s3, grace_s=args.grace, crash_at=args.crash_at)
+    c = open_compactor(lake, s3=s3, iceberg=_iceberg(), grace_s=args.grace, crash_at=args.crash_at)
     datasets = [args.dataset] if args.dataset else list(DATASETS)
     report = CompactionReport()
     for ds in datasets:
@@ -134,12 +146,45 @@ def _connect(settings: RefinerySettings) -> duckdb.DuckDBPyConnection:
     if lake.path is not None and not lake.path.is_dir():
         raise RefineryError(f"no lake at {lake}: no such directory (REFINERY_LAKE)")
     check_lake(lake, s3=s3)
+    ice = _iceberg()
+    if ice.is_iceberg:
+        return _connect_iceberg(lake, s3, ice)
     if not has_data(lake, s3=s3):
         print(f"refinery: the lake at {lake} holds no data yet", file=sys.stderr)
     # views need every dataset to bind; a read-only lake has its seeds or the error says so
     with contextlib.suppress(OSError, StoreAccessError):
         open_writer(lake, s3=s3).ensure_seeds()
     return sqlload.connect(lake, s3=s3)
+
+
+def _connect_iceberg(
+    lake: LakeLocation, s3: S3Settings | None, ice: IcebergSettings
+) -> duckdb.DuckDBPyConnection:
+    """The views over the current snapshots of an Iceberg lake's tables."""
+    from services.lake.iceberg import SnapshotFiles
+    from services.lake.iceberg_sink import IcebergLakeSink
+
+    sink = open_writer(lake, s3=s3, iceberg=ice)
+    assert isinstance(sink, IcebergLakeSink)
+    with contextlib.suppress(OSError, StoreAccessError):
+        sink.ensure_seeds()
+    files = SnapshotFiles(sink.catalog, ice.iceberg_namespace, sink.seed_path)
+    return sqlload.connect(lake, s3=s3, iceberg=files)
+
+
+def cmd_iceberg_sql(args: argparse.Namespace, settings: RefinerySettings) -> int:
+    """Print a DuckDB CLI init script over the Iceberg tables' current snapshots."""
+    from services.lake.iceberg import SnapshotFiles
+    from services.lake.iceberg_sink import IcebergLakeSink
+
+    lake, s3 = _lake(settings)
+    ice = _iceberg("iceberg")
+    sink = open_writer(lake, s3=s3, iceberg=ice)
+    assert isinstance(sink, IcebergLakeSink)
+    sink.ensure_seeds()
+    files = SnapshotFiles(sink.catalog, ice.iceberg_namespace, sink.seed_path)
+    print(sqlload.iceberg_init_sql(lake.url, files))
+    return 0
 
 
 def _emit(cur: duckdb.DuckDBPyConnection, fmt: str) -> None:
@@ -239,7 +284,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--instance-id", help="static group member id (restart without rebalance)")
     p.add_argument("--once-idle", type=float, metavar="S", help="exit after S s without data")
     p.add_argument("--max-rows", type=int, default=500_000, help="flush a partition at N rows")
-    p.add_argument("--max-age", type=float, default=2.0, help="flush a partition after S s")
+    p.add_argument("--max-age", type=float, help="flush a partition after S s (2; iceberg: 60)")
+    p.add_argument("--format", choices=["parquet", "iceberg"], help="default: REFINERY_LAKE_FORMAT")
     p.add_argument("--no-compact", action="store_true", help="do not compact closed hours")
     p.add_argument("--crash-at", help=argparse.SUPPRESS)
     p.set_defaults(handler=cmd_land)
@@ -254,6 +300,8 @@ def add_parser(sub: Any) -> None:
     c.add_argument("--grace", type=float, default=30.0, help="keep merged inputs S s")
     c.add_argument("--crash-at", help=argparse.SUPPRESS)
     c.set_defaults(handler=cmd_compact)
+    i = lsub.add_parser("iceberg-sql", help="a DuckDB CLI init script over the Iceberg tables")
+    i.set_defaults(handler=cmd_iceberg_sql)
 
     s = sub.add_parser("sql", help="DuckDB SQL over the lake with the sql/ views loaded")
     s.add_argument("-c", dest="command", metavar="QUERY", help="run QUERY and exit")

@@ -14,6 +14,10 @@ Records that cannot be decoded are counted and logged (one line to stderr) and t
 committed with the flush that passes them. Anything else (disk full, broker fatal error)
 raises out of :meth:`LandingService.run` so the supervisor restarts the process.
 
+A :class:`~services.lake.backend.BatchLakeSink` (the Iceberg lake) is handed every pending
+partition of a dataset at once when one of them is due, with each row's Kafka offset, and
+commits them as one snapshot; the offsets of all those partitions are then committed together.
+
 Test seam: ``crash_at`` ``after_rename`` / ``after_commit`` (plus the writer's
 ``before_rename`` / ``mid_rename``), optionally ``@N``: the process exits with status 137 there.
 """
@@ -27,13 +31,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
+import numpy as np
 import pyarrow as pa
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from schemas.codec import content_type_of
 from schemas.errors import RejectedInput
 from services.kafka.internals import LIBRDKAFKA_CONSUMER_BOUNDS
-from services.lake.backend import LakeCompaction, LakeSink
+from services.lake.backend import BatchLakeSink, Flush, LakeCompaction, LakeSink
 from services.lake.decode import rows_of
 from services.lake.lineage import IDENTITIES, LineageIndex
 from services.lake.writer import CrashSeam
@@ -50,6 +55,8 @@ class _Pending:
     last: int = -1
     rows: int = 0
     since: float = 0.0
+    offsets: list[int] = field(default_factory=list)  # the record of each table, for a
+    counts: list[int] = field(default_factory=list)  # BatchLakeSink: each row's offset
 
 
 @dataclass
@@ -187,9 +194,7 @@ class LandingService:
                         continue
                     last_msg = now
                     self._accept(msg)
-                for tp, pend in list(self._pending.items()):
-                    if pend.rows >= self.max_rows or now - pend.since >= self.max_age_s:
-                        self._flush(tp)
+                self._flush_due(now)
                 if self.compactor is not None and now >= next_compact:
                     self.compactor.compact_closed(list(set(self.topics.values())))
                     next_compact = now + self.compact_every_s
@@ -199,8 +204,7 @@ class LandingService:
                     and now - max(last_msg, self._assigned_at) >= once_idle_s
                 ):
                     break
-            for tp in list(self._pending):
-                self._flush(tp)
+            self._flush_due(None)
         finally:
             consumer.close()
         return self.stats
@@ -236,6 +240,8 @@ class LandingService:
         if table is not None and table.num_rows:
             pend.tables.append(table)
             pend.rows += table.num_rows
+            pend.offsets.append(offset)
+            pend.counts.append(table.num_rows)
 
     def _drop_replayed(self, tp: TP, ds: str, table: pa.Table) -> pa.Table:
         """Rows whose identity already landed from this partition: a copy its producer
@@ -247,6 +253,50 @@ class LandingService:
         kept = index.drop_landed(table)
         self.stats.skipped_replayed_rows += table.num_rows - kept.num_rows
         return kept
+
+    def _flush_due(self, now: float | None) -> None:
+        """Flush the partitions due at ``now`` (every one when None); a BatchLakeSink gets
+        every pending partition of a dataset one of whose partitions is due."""
+        due = [
+            tp
+            for tp, p in self._pending.items()
+            if now is None or p.rows >= self.max_rows or now - p.since >= self.max_age_s
+        ]
+        if not isinstance(self.writer, BatchLakeSink):
+            for tp in due:
+                self._flush(tp)
+            return
+        for ds in sorted({self.topics[tp[0]] for tp in due}):
+            self._flush_dataset(self.writer, ds)
+
+    def _flush_dataset(self, writer: BatchLakeSink, ds: str) -> None:
+        """Land every pending partition of ``ds`` as one commit, then commit their offsets."""
+        tps = [tp for tp in self._pending if self.topics[tp[0]] == ds]
+        pends = [self._pending.pop(tp) for tp in tps]
+        flushes = [
+            Flush(
+                tp[1],
+                p.first,
+                p.last,
+                pa.concat_tables(p.tables) if p.tables else None,
+                np.repeat(np.asarray(p.offsets, np.int64), np.asarray(p.counts, np.int64)),
+            )
+            for tp, p in zip(tps, pends, strict=True)
+        ]
+        files = writer.land_flushes(ds, flushes)
+        self.stats.files += len(files)
+        self.stats.rows += sum(p.rows for p in pends)
+        self.seam.reach("after_rename")
+        self._consumer.commit(
+            offsets=[
+                TopicPartition(t, part, p.last + 1) for (t, part), p in zip(tps, pends, strict=True)
+            ],
+            asynchronous=False,
+        )
+        self.seam.reach("after_commit")
+        for tp, p in zip(tps, pends, strict=True):
+            self._landed[tp] = p.last
+        self.stats.flushes += 1
 
     def _flush(self, tp: TP) -> None:
         pend = self._pending.pop(tp)

@@ -15,14 +15,22 @@ Named queries (``sql/queries/*.sql``) start with a header::
     -- description: what it answers (continued on lines starting "--   ")
     -- param: min_seconds = 2 | what it means
 
-and use their parameters as ``$min_seconds``. A parameter's default fixes its type: integer,
-float, ``true``/``false``, else text. Errors are :class:`~services.lake.layout.LakeError`
-(unknown query or parameter, value of the wrong type); DuckDB's own errors propagate.
+and use their parameters as ``$min_seconds``.
+
+An Iceberg lake (:mod:`services.lake.iceberg`) is read through the same views: ``connect``
+given a :class:`~services.lake.iceberg.SnapshotFiles` defines ``iceberg_files(dataset)`` on the
+connection and snapshots ``lake_files_<dataset>`` from it (each table's current snapshot) where
+``sql/refresh.sql`` would list directories; :func:`refresh` does the same on such a connection.
+
+A parameter's default fixes its type: integer, float, ``true``/``false``, else text. Errors are
+:class:`~services.lake.layout.LakeError` (unknown query or parameter, value of the wrong
+type); DuckDB's own errors propagate.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -34,6 +42,7 @@ from services.lake.layout import LakeError
 from services.lake.location import LakeLocation, parse_location
 
 if TYPE_CHECKING:
+    from services.lake.iceberg import SnapshotFiles
     from services.lake.s3store import S3Settings
 
 SQL_DIR = data_path("sql")
@@ -107,17 +116,26 @@ def list_queries(sql_dir: Path = SQL_DIR) -> dict[str, NamedQuery]:
     return out
 
 
-def _script(path: Path, sql_dir: Path) -> list[str]:
+def _script(path: Path, sql_dir: Path, *, iceberg: bool = False) -> list[str]:
     """Statements of an init script, with ``.read`` lines expanded (paths relative to the
-    repository root, as the DuckDB CLI would read them from there)."""
+    repository root, as the DuckDB CLI would read them from there); ``iceberg``: the file
+    lists snapshot from ``iceberg_files()`` instead of directory listings."""
     out: list[str] = []
     for line in path.read_text().splitlines():
         s = line.strip()
         if s.startswith(".read "):
             rel = s[len(".read ") :].strip()
             target = sql_dir.parent / rel
-            out.append(target.read_text())
+            text = target.read_text()
+            if iceberg and target.name == "refresh.sql":
+                text = iceberg_refresh_sql(sql_dir)
+            out.append(text)
     return out
+
+
+def iceberg_refresh_sql(sql_dir: Path = SQL_DIR) -> str:
+    """``sql/refresh.sql`` with every dataset's file list from ``iceberg_files()``."""
+    return (sql_dir / "refresh.sql").read_text().replace("lake_live_files(", "iceberg_files(")
 
 
 def connect(
@@ -126,10 +144,12 @@ def connect(
     *,
     sql_dir: Path = SQL_DIR,
     s3: S3Settings | None = None,
+    iceberg: SnapshotFiles | None = None,
 ) -> duckdb.DuckDBPyConnection:
     """A connection (new, in memory, unless given) with every view of ``sql/views`` defined
     over ``lake``: a directory, or ``s3://bucket/prefix`` read through s3fs registered on the
-    connection (``s3``: the store's settings, read from the environment when None). Raises
+    connection (``s3``: the store's settings, read from the environment when None); with
+    ``iceberg``, over the current snapshots of the lake's Iceberg tables. Raises
     duckdb.Error when the lake has no seed file for a dataset, ConfigError for an
     unsupported scheme."""
     loc = lake if isinstance(lake, LakeLocation) else parse_location(lake)
@@ -143,13 +163,39 @@ def connect(
         (s3 if s3 is not None else S3Settings()).register(con)
         root = loc.url
     con.execute("SET VARIABLE lake = ?", [root])
-    for script in _script(sql_dir / "init.sql", sql_dir):
+    if iceberg is not None:
+        iceberg.register(con)
+        con.execute("SET VARIABLE lake_format = 'iceberg'")
+    for script in _script(sql_dir / "init.sql", sql_dir, iceberg=iceberg is not None):
         con.execute(script)
     return con
 
 
+def iceberg_init_sql(lake: str, files: Callable[[str], list[str]], sql_dir: Path = SQL_DIR) -> str:
+    """A DuckDB CLI init script (``duckdb -init FILE``) defining the views over the file
+    lists ``files(dataset)`` gives now (an Iceberg lake's current snapshots)."""
+    out = [f"SET VARIABLE lake = {_literal(lake)};"]
+    for text in _script(sql_dir / "init.sql", sql_dir):
+        if text == (sql_dir / "refresh.sql").read_text():
+            for m in re.finditer(r"lake_files_(\w+) = lake_live_files\('(\w+)'\)", text):
+                paths = ", ".join(_literal(p) for p in files(m.group(2)))
+                out.append(f"SET VARIABLE lake_files_{m.group(1)} = [{paths}];")
+        else:
+            out.append(text)
+    return "\n".join(out)
+
+
+def _literal(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
 def refresh(con: duckdb.DuckDBPyConnection, *, sql_dir: Path = SQL_DIR) -> None:
-    """Re-list the lake so views see files landed (and compactions done) since."""
+    """Re-list the lake so views see files landed (and compactions done) since; on an
+    Iceberg connection, each table's current snapshot."""
+    row = con.execute("SELECT getvariable('lake_format')").fetchone()
+    if row is not None and row[0] == "iceberg":
+        con.execute(iceberg_refresh_sql(sql_dir))
+        return
     con.execute((sql_dir / "refresh.sql").read_text())
 
 

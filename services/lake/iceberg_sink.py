@@ -1,0 +1,347 @@
+"""Landing into Iceberg tables, exactly once: one append per flush, the offsets in its summary.
+
+:meth:`IcebergLakeSink.land_flushes` takes the rows of one flush of a dataset — one
+:class:`~services.lake.backend.Flush` per source partition, each with the Kafka offset of
+every row — and commits them as one Iceberg append whose snapshot summary carries the last
+landed offset of every partition (:data:`~services.lake.iceberg.OFFSETS_KEY`, merged with the
+table's). Before every attempt it reloads the table and drops the rows whose offsets the table
+already holds: a zombie lander (its partitions moved while it held a flush) or a commit that
+lost a race lands only what nobody landed yet. pyiceberg's own retry is off (it would re-apply
+the stale append); a CommitFailedException is followed by a re-read, a filter and a retry.
+
+Data files are written by us (sorted and encoded like the Parquet lake, field ids for every
+reader) as ``<table>/data/date=D/hour=HH/p<part>-<first>-<last>-<uuid>.parquet``, one per UTC
+hour per partition, then added to the append. A kill -9 while they upload or while the catalog
+commits leaves either no new snapshot (the files are orphans no snapshot names, never read;
+the offsets were not committed, so the records land again) or the whole snapshot (the table's
+offsets say so; the records are skipped on restart).
+
+Test seams (``crash_at``, exit 137): ``mid_upload`` (first data file of a flush written),
+``before_commit`` (all written, nothing committed); ``pause`` is called before each commit
+attempt (a test holds a zombie there).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import duckdb
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from services.lake.backend import Flush
+from services.lake.datasets import DATASETS, conform
+from services.lake.iceberg import (
+    OFFSETS_KEY,
+    data_files,
+    duckdb_path,
+    landed_offsets,
+    offsets_property,
+    open_table,
+    stat_columns,
+    table_schema,
+    with_hour_columns,
+)
+from services.lake.layout import LakeError, file_name
+from services.lake.store import ObjectStore
+from services.lake.writer import CrashSeam, sort_table, split_by_hour, write_options
+
+if TYPE_CHECKING:
+    from pyiceberg.catalog.sql import SqlCatalog
+    from pyiceberg.table import Table
+
+    from services.lake.s3store import S3Settings
+
+log = logging.getLogger(__name__)
+
+SEED_KEY = "{dataset}/date=1970-01-01/hour=00/seed.parquet"
+
+
+def trim(flush: Flush, landed: int) -> Flush | None:
+    """``flush`` less its rows at offsets ``<= landed``; None when nothing is left to land."""
+    if flush.last <= landed:
+        return None
+    if flush.first > landed:
+        return flush
+    table = flush.table
+    if table is None or table.num_rows == 0:
+        return Flush(flush.partition, landed + 1, flush.last, None, None)
+    if flush.row_offsets is None:
+        raise LakeError(f"p{flush.partition}: rows overlap offset {landed} and carry no offsets")
+    keep = flush.row_offsets > landed
+    return Flush(
+        flush.partition,
+        landed + 1,
+        flush.last,
+        table.filter(pa.array(keep)),
+        flush.row_offsets[keep],
+    )
+
+
+class IcebergLakeSink:
+    """Lands datasets into ``namespace.<dataset>`` tables of ``catalog``; seeds (zero-row
+    files that let DuckDB's views bind before any data) go to ``seeds``, the lake root.
+    Not thread-safe; several processes may land into one table (each its own partitions,
+    or a zombie: see the module docstring)."""
+
+    def __init__(
+        self,
+        catalog: SqlCatalog,
+        namespace: str,
+        seeds: ObjectStore,
+        *,
+        s3: S3Settings | None = None,
+        row_group_rows: int = 1 << 20,
+        crash_at: str | None = None,
+        pause: Callable[[], None] | None = None,
+        max_attempts: int = 50,
+    ) -> None:
+        self.catalog = catalog
+        self.namespace = namespace
+        self.store = seeds
+        self.s3 = s3
+        self.row_group_rows = row_group_rows
+        self.seam = CrashSeam(crash_at)
+        self.pause = pause
+        self.max_attempts = max_attempts
+        self.commits = 0
+        self.conflicts = 0
+        self._tables: dict[str, Table] = {}
+        self._seeded: set[str] = set()
+        self._reader: duckdb.DuckDBPyConnection | None = None
+
+    def table(self, dataset: str) -> Table:
+        """The dataset's table, as of the last load (created when absent)."""
+        got = self._tables.get(dataset)
+        if got is None:
+            got = self._tables[dataset] = open_table(self.catalog, self.namespace, dataset)
+        return got
+
+    def _fresh(self, dataset: str) -> Table:
+        table = self.table(dataset)
+        table.refresh()
+        return table
+
+    # --- landing --------------------------------------------------------------------------
+
+    def land(
+        self, dataset: str, table: pa.Table, *, partition: int, first: int, last: int
+    ) -> list[str]:
+        """One partition's flush (see :meth:`land_flushes`)."""
+        return self.land_flushes(dataset, [Flush(partition, first, last, table, None)])
+
+    def land_flushes(self, dataset: str, flushes: Sequence[Flush]) -> list[str]:
+        """Commit ``flushes`` (distinct partitions of ``dataset``) as one append, less what the
+        table already holds; returns the data files committed (none when nothing was left, or
+        no flush has rows: then no snapshot is made). Blocks on the store and the catalog.
+        Raises LakeError after ``max_attempts`` lost commits; the store's and the catalog's
+        errors propagate (nothing past the table's offsets is committed then)."""
+        if dataset not in DATASETS:
+            raise LakeError(f"unknown dataset {dataset!r}")
+        self.ensure_seed(dataset)
+        written: dict[tuple[int, int, int], list[Any]] = {}
+        for attempt in range(self.max_attempts):
+            table = self._fresh(dataset)
+            landed = landed_offsets(table)
+            todo = [t for f in flushes if (t := trim(f, landed.get(f.partition, -1)))]
+            if not any(f.table is not None and f.table.num_rows for f in todo):
+                return []
+            files = self._files(table, dataset, todo, written)
+            ends = {**landed, **{f.partition: f.last for f in todo}}
+            if self.pause is not None:
+                self.pause()
+            self.seam.reach("before_commit")
+            if self._commit(table, files, ends):
+                self.commits += 1
+                return [duckdb_path(f.file_path) for f in files]
+            self.conflicts += 1
+            time.sleep(random.uniform(0.05, 0.2) * min(attempt + 1, 10))
+        raise LakeError(f"{dataset}: {self.max_attempts} commits lost to concurrent writers")
+
+    def _files(
+        self,
+        table: Table,
+        dataset: str,
+        todo: list[Flush],
+        written: dict[tuple[int, int, int], list[Any]],
+    ) -> list[Any]:
+        """The data files of ``todo``, written once per (partition, first, last)."""
+        out: list[Any] = []
+        for f in todo:
+            if f.table is None or f.table.num_rows == 0:
+                continue
+            key = (f.partition, f.first, f.last)
+            if key not in written:
+                written[key] = self._write(table, dataset, f)
+            out += written[key]
+        return out
+
+    def _commit(self, table: Table, files: list[Any], ends: dict[int, int]) -> bool:
+        """Append ``files`` with the offsets ``ends``; False when another commit came first
+        (pyiceberg guarantees this one did not land then)."""
+        from pyiceberg.exceptions import CommitFailedException, CommitStateUnknownException
+
+        txn = table.transaction()
+        props = {OFFSETS_KEY: offsets_property(ends)}
+        with txn.update_snapshot(snapshot_properties=props).merge_append() as append:
+            for f in files:
+                append.append_data_file(f)
+        try:
+            txn.commit_transaction()
+        except CommitFailedException as e:
+            log.info("iceberg: commit lost (%s): re-reading the offsets", e)
+            return False
+        except CommitStateUnknownException as e:  # the re-read offsets tell whether it landed
+            log.warning("iceberg: commit state unknown (%s): re-reading the offsets", e)
+            return False
+        return True
+
+    def _write(self, table: Table, dataset: str, flush: Flush) -> list[Any]:
+        """``flush``'s rows as one data file per UTC hour, uploaded; their DataFiles."""
+        from pyiceberg.io.pyarrow import schema_to_pyarrow
+
+        assert flush.table is not None
+        ds = DATASETS[dataset]
+        rows = conform(flush.table, ds.schema)
+        schema = table.schema()
+        arrow = _small_strings(schema_to_pyarrow(schema, include_field_ids=True))
+        opts = _file_options(dataset, self.row_group_rows)
+        stem = file_name(flush.partition, flush.first, flush.last)[: -len(".parquet")]
+        out = []
+        for i, ((date, hour), part) in enumerate(split_by_hour(rows)):
+            t = with_hour_columns(sort_table(part, ds.sort_by), arrow, date, hour)
+            path = (
+                f"{table.location()}/data/date={date}/hour={hour}/"
+                f"{stem}-{uuid.uuid4().hex[:12]}.parquet"
+            )
+            out.append(_upload(table, t, path, opts, date, hour))
+            if i == 0:
+                self.seam.reach("mid_upload")
+        return out
+
+    # --- reading back ----------------------------------------------------------------------
+
+    def landed_high_water(self, dataset: str) -> dict[int, int]:
+        """``{partition: last offset}`` the table holds (re-read from the catalog)."""
+        return landed_offsets(self._fresh(dataset))
+
+    def live_paths(self, dataset: str, partition: int | None = None) -> list[str]:
+        """The current snapshot's data files (of ``partition``'s flushes, when given)."""
+        paths = [duckdb_path(p) for p in data_files(self._fresh(dataset))]
+        if partition is None:
+            return paths
+        return [p for p in paths if p.rsplit("/", 1)[-1].startswith(f"p{partition}-")]
+
+    def recover(self, dataset: str, partitions: set[int] | None = None) -> int:
+        """Nothing to finish: an interrupted flush left no snapshot (or a whole one)."""
+        return 0
+
+    def reader(self) -> duckdb.DuckDBPyConnection | None:
+        """A DuckDB connection that reads the data files (None: the default one does)."""
+        if self.s3 is None:
+            return None
+        if self._reader is None:
+            self._reader = duckdb.connect()
+            self.s3.register(self._reader)
+        return self._reader
+
+    # --- seeds -----------------------------------------------------------------------------
+
+    def ensure_seed(self, dataset: str) -> None:
+        """A zero-row ``<lake>/<dataset>/date=1970-01-01/hour=00/seed.parquet`` with the
+        table's columns, listed with the data files so a view binds on an empty table."""
+        if dataset in self._seeded:
+            return
+        key = SEED_KEY.format(dataset=dataset)
+        schema = table_schema(dataset)
+        if self.store.head(key) is not None:
+            have = pq.read_schema(pa.BufferReader(self.store.get(key)))
+            if have.remove_metadata().equals(schema):
+                self._seeded.add(dataset)
+                return
+        self.store.put(key, _parquet_bytes(schema.empty_table(), write_options(schema, 1024)))
+        self._seeded.add(dataset)
+
+    def ensure_seeds(self) -> None:
+        for dataset in DATASETS:
+            self.ensure_seed(dataset)
+
+    def seed_path(self, dataset: str) -> str:
+        return self.store.url(SEED_KEY.format(dataset=dataset))
+
+
+def _file_options(dataset: str, row_group_rows: int) -> dict[str, object]:
+    """Parquet options of a data file: as the Parquet lake lands (LZ4, min/max on ``ts`` and
+    the sort key only: :data:`~services.lake.iceberg.metrics_properties` tells Iceberg so)."""
+    ds = DATASETS[dataset]
+    opts = write_options(table_schema(dataset), row_group_rows, statistics=stat_columns(ds))
+    opts["compression"] = "lz4"
+    del opts["compression_level"]
+    opts["write_batch_size"] = 1 << 16
+    return opts
+
+
+def _small(t: pa.DataType) -> pa.DataType:
+    if pa.types.is_large_string(t):
+        return pa.string()
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        f = t.value_field
+        return pa.list_(f.with_type(_small(f.type)))
+    if pa.types.is_struct(t):
+        return pa.struct([f.with_type(_small(f.type)) for f in t])
+    return t
+
+
+def _small_strings(schema: pa.Schema) -> pa.Schema:
+    """``schema`` with string and list types where pyiceberg gives large ones (field ids
+    kept): the dataset's columns cast to it without copying their values."""
+    return pa.schema([f.with_type(_small(f.type)) for f in schema], metadata=schema.metadata)
+
+
+def _parquet_bytes(table: pa.Table, opts: dict[str, object]) -> bytes:
+    buf = pa.BufferOutputStream()
+    pq.write_table(table, buf, **opts)
+    return bytes(buf.getvalue().to_pybytes())
+
+
+def _upload(
+    table: Table, rows: pa.Table, path: str, opts: dict[str, object], date: str, hour: str
+) -> Any:
+    """Write ``rows`` to ``path`` through the table's FileIO; the DataFile that names it."""
+    import datetime as dt
+
+    from pyiceberg.io.pyarrow import (
+        compute_statistics_plan,
+        data_file_statistics_from_parquet_metadata,
+        parquet_path_to_id_mapping,
+    )
+    from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
+    from pyiceberg.typedef import Record
+
+    data = _parquet_bytes(rows, opts)
+    with table.io.new_output(path).create(overwrite=True) as out:
+        out.write(data)
+    schema = table.schema()
+    stats = data_file_statistics_from_parquet_metadata(
+        parquet_metadata=pq.read_metadata(pa.BufferReader(data)),
+        stats_columns=compute_statistics_plan(schema, table.metadata.properties),
+        parquet_column_mapping=parquet_path_to_id_mapping(schema),
+    )
+    days = (dt.date.fromisoformat(date) - dt.date(1970, 1, 1)).days
+    return DataFile.from_args(
+        content=DataFileContent.DATA,
+        file_path=path,
+        file_format=FileFormat.PARQUET,
+        partition=Record(days, int(hour)),
+        file_size_in_bytes=len(data),
+        sort_order_id=None,
+        spec_id=table.metadata.default_spec_id,
+        equality_ids=None,
+        key_metadata=None,
+        **stats.to_serialized_dict(),
+    )
