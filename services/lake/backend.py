@@ -16,81 +16,28 @@ Iceberg append per flush of a dataset), and the compaction is snapshot expiry
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any
 
-import duckdb
-import numpy as np
-import pyarrow as pa
-
-from services.lake.compact import CompactionReport, Compactor
+from services.lake.compact import Compactor
 from services.lake.location import LakeLocation, parse_location
-from services.lake.writer import CrashSeam, LakeWriter
+from services.lake.sink import BatchLakeSink, Flush, LakeCompaction, LakeSink
+from services.lake.writer import LakeWriter
+
+__all__ = [
+    "BatchLakeSink",
+    "Flush",
+    "LakeCompaction",
+    "LakeSink",
+    "check_lake",
+    "has_data",
+    "open_compactor",
+    "open_writer",
+]  # fmt: skip
 
 if TYPE_CHECKING:
     from services.lake.iceberg import IcebergSettings
     from services.lake.s3store import S3ObjectStore, S3Settings
-
-
-class LakeSink(Protocol):
-    """What lands tables: :class:`LakeWriter` or :class:`ObjectLakeWriter`."""
-
-    seam: CrashSeam
-
-    def land(
-        self, dataset: str, table: pa.Table, *, partition: int, first: int, last: int
-    ) -> Sequence[Path | str]: ...
-
-    def recover(self, dataset: str, partitions: set[int] | None = None) -> int: ...
-
-    def landed_high_water(self, dataset: str) -> dict[int, int]: ...
-
-    def live_paths(self, dataset: str, partition: int | None = None) -> Sequence[Path | str]: ...
-
-    def ensure_seed(self, dataset: str) -> None: ...
-
-    def ensure_seeds(self) -> None: ...
-
-    def reader(self) -> duckdb.DuckDBPyConnection | None: ...
-
-
-@dataclass(frozen=True)
-class Flush:
-    """One source partition's share of a flush: offsets ``first..last``, their rows (None or
-    empty when none decoded) and the Kafka offset of each row (None: unknown)."""
-
-    partition: int
-    first: int
-    last: int
-    table: pa.Table | None
-    row_offsets: np.ndarray | None = None
-
-
-@runtime_checkable
-class BatchLakeSink(LakeSink, Protocol):
-    """A sink that commits every partition of a dataset's flush at once (Iceberg)."""
-
-    def land_flushes(self, dataset: str, flushes: Sequence[Flush]) -> Sequence[Path | str]: ...
-
-
-class LakeCompaction(Protocol):
-    """What compacts: :class:`Compactor` or :class:`ObjectCompactor`."""
-
-    def recover(self, dataset: str) -> int: ...
-
-    def compact_hour(
-        self, dataset: str, date: str, hour: str, *, wait: bool = True
-    ) -> CompactionReport: ...
-
-    def compact_closed(
-        self,
-        datasets: list[str] | None = None,
-        *,
-        close_after_s: float = 600.0,
-        wait: bool = False,
-    ) -> CompactionReport: ...
 
 
 def _location(lake: Path | str | LakeLocation) -> LakeLocation:

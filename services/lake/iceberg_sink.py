@@ -9,6 +9,14 @@ already holds: a zombie lander (its partitions moved while it held a flush) or a
 lost a race lands only what nobody landed yet. pyiceberg's own retry is off (it would re-apply
 the stale append); a CommitFailedException is followed by a re-read, a filter and a retry.
 
+The catalog database going away (a restart, a failover, SQLite locked by another process) is
+transient: every catalog call is retried with backoff for up to ``reconnect_s`` (the engine's
+pooled connections dropped first, so the next attempt connects afresh); a commit whose
+connection broke is of unknown outcome and is followed, like a lost race, by a re-read of the
+offsets and the filter: it lands once whether or not the broken commit reached the database.
+Past ``reconnect_s`` it raises :class:`~services.lake.store.StoreUnavailable` and the lander
+exits for its supervisor to restart it (nothing past the table's offsets was committed to Kafka).
+
 Data files are written by us (sorted and encoded like the Parquet lake, field ids for every
 reader) as ``<table>/data/date=D/hour=HH/p<part>-<first>-<last>-<uuid>.parquet``, one per UTC
 hour per partition, then added to the append. A kill -9 while they upload or while the catalog
@@ -28,13 +36,12 @@ import random
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from services.lake.backend import Flush
 from services.lake.datasets import DATASETS, conform
 from services.lake.iceberg import (
     OFFSETS_KEY,
@@ -48,7 +55,8 @@ from services.lake.iceberg import (
     with_hour_columns,
 )
 from services.lake.layout import LakeError, file_name
-from services.lake.store import ObjectStore
+from services.lake.sink import Flush
+from services.lake.store import ObjectStore, StoreUnavailable
 from services.lake.writer import CrashSeam, sort_table, split_by_hour, write_options
 
 if TYPE_CHECKING:
@@ -60,6 +68,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 SEED_KEY = "{dataset}/date=1970-01-01/hour=00/seed.parquet"
+T = TypeVar("T")
 
 
 def trim(flush: Flush, landed: int) -> Flush | None:
@@ -100,6 +109,7 @@ class IcebergLakeSink:
         crash_at: str | None = None,
         pause: Callable[[], None] | None = None,
         max_attempts: int = 50,
+        reconnect_s: float = 120.0,
     ) -> None:
         self.catalog = catalog
         self.namespace = namespace
@@ -109,8 +119,10 @@ class IcebergLakeSink:
         self.seam = CrashSeam(crash_at)
         self.pause = pause
         self.max_attempts = max_attempts
+        self.reconnect_s = reconnect_s
         self.commits = 0
         self.conflicts = 0
+        self.reconnects = 0  # catalog calls that failed on the connection and were retried
         self._tables: dict[str, Table] = {}
         self._seeded: set[str] = set()
         self._reader: duckdb.DuckDBPyConnection | None = None
@@ -119,13 +131,37 @@ class IcebergLakeSink:
         """The dataset's table, as of the last load (created when absent)."""
         got = self._tables.get(dataset)
         if got is None:
-            got = self._tables[dataset] = open_table(self.catalog, self.namespace, dataset)
+            got = self._tables[dataset] = self._catalog_call(
+                lambda: open_table(self.catalog, self.namespace, dataset)
+            )
         return got
 
     def _fresh(self, dataset: str) -> Table:
         table = self.table(dataset)
-        table.refresh()
+        self._catalog_call(table.refresh)
         return table
+
+    def _catalog_call(self, call: Callable[[], T]) -> T:
+        """``call()``, retried with backoff while the catalog database cannot be reached (for
+        up to ``reconnect_s``); then StoreUnavailable. Other errors propagate at once."""
+        deadline, attempt = time.monotonic() + self.reconnect_s, 0
+        while True:
+            try:
+                return call()
+            except Exception as e:
+                if not _connection_lost(e):
+                    raise
+                if time.monotonic() >= deadline:
+                    raise StoreUnavailable(f"iceberg catalog: {_first_line(e)}") from e
+                self._reconnect(e)
+            time.sleep(min(0.2 * 2**attempt, 5.0) * random.uniform(0.8, 1.2))
+            attempt += 1
+
+    def _reconnect(self, e: BaseException) -> None:
+        """Drop the engine's pooled connections: the next call connects afresh."""
+        self.reconnects += 1
+        log.warning("iceberg: catalog connection lost (%s): retrying", _first_line(e))
+        self.catalog.engine.dispose()
 
     # --- landing --------------------------------------------------------------------------
 
@@ -198,6 +234,11 @@ class IcebergLakeSink:
             return False
         except CommitStateUnknownException as e:  # the re-read offsets tell whether it landed
             log.warning("iceberg: commit state unknown (%s): re-reading the offsets", e)
+            return False
+        except Exception as e:
+            if not _connection_lost(e):
+                raise
+            self._reconnect(e)  # committed or not: the re-read offsets tell
             return False
         return True
 
@@ -273,6 +314,21 @@ class IcebergLakeSink:
 
     def seed_path(self, dataset: str) -> str:
         return self.store.url(SEED_KEY.format(dataset=dataset))
+
+
+def _connection_lost(e: BaseException) -> bool:
+    """Whether ``e`` says the catalog database could not be reached or dropped the connection
+    (SQLAlchemy's OperationalError: refused, reset, server restarting, SQLite locked), or
+    SQLAlchemy saw the connection invalidated."""
+    import sqlalchemy.exc
+
+    if isinstance(e, sqlalchemy.exc.OperationalError | sqlalchemy.exc.InterfaceError):
+        return True
+    return isinstance(e, sqlalchemy.exc.DBAPIError) and e.connection_invalidated
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0]
 
 
 def _file_options(dataset: str, row_group_rows: int) -> dict[str, object]:
