@@ -129,7 +129,10 @@ def apply_topics(
     existing = [s for s in specs if s.name in md.topics]
     for s in existing:
         have = len(md.topics[s.name].partitions)
-        if have < s.partitions:
+        held = _state_following(md, s, have) if have < s.partitions else []
+        if held:
+            changes.append(Change(s.name, "refused", _held_says(s, have, held)))
+        elif have < s.partitions:
             admin.create_partitions([NewPartitions(s.name, s.partitions)])[s.name].result()
             changes.append(Change(s.name, "partitions", f"{have} -> {s.partitions}"))
         elif have > s.partitions:
@@ -157,6 +160,44 @@ def apply_topics(
                     old = current[k].value if k in current else None
                     changes.append(Change(spec.name, "config", f"{k}: {old} -> {v}"))
     return changes
+
+
+# a worker's state that follows the partitions of the raw topic and the ingest topics refined
+# with it (services.worker.app): raised only with it, by ``refinery worker grow``
+STATE_SUFFIX = "-refine-streams-changelog"
+
+
+def _state_following(md: Any, spec: TopicSpec, have: int) -> list[str]:
+    """The worker state topics whose partitions follow ``spec``'s (``have`` of them) when it
+    is a topic the worker refines keyed by node: raising it alone would strand their state."""
+    if not (spec.name.endswith(TOPICS.raw) or spec.format != Format.REFINERY):
+        return []
+    return sorted(
+        name
+        for name, t in md.topics.items()
+        if name.endswith(STATE_SUFFIX) and len(t.partitions) == have
+    )
+
+
+def _held_says(spec: TopicSpec, have: int, held: list[str]) -> str:
+    apps = ", ".join(h.removesuffix(STATE_SUFFIX) for h in held)
+    return (
+        f"not raised {have} -> {spec.partitions}: the state of worker app {apps} follows its"
+        f" partitions; stop its workers and run `refinery worker grow --partitions"
+        f" {spec.partitions} --app-id APP` (docs/operations.md, Scaling)"
+    )
+
+
+def raise_partitions(conf: dict[str, Any], want: dict[str, int], timeout: float = 30.0) -> None:
+    """Raise each topic of ``want`` to its partition count (those already there are left);
+    for ``refinery worker grow``, which raises a worker's inputs and state together."""
+    from confluent_kafka.admin import NewPartitions
+
+    admin, md = cluster_metadata({**conf, "log_level": 3}, timeout=min(timeout, 15.0))
+    todo = [NewPartitions(t, n) for t, n in want.items() if len(md.topics[t].partitions) < n]
+    if todo:
+        for fut in admin.create_partitions(todo, request_timeout=timeout).values():
+            fut.result()
 
 
 def _transient(code: int, retriable: bool) -> bool:

@@ -31,9 +31,12 @@ from opentelemetry.sdk.resources import Resource
 
 from lab.bench.figures import BenchResult
 from lab.bench.instructions import GROUP
+from pipelines.refine.clock_model import DeclaredTiming
 from pipelines.refine.enrich import TopologyIndex
+from pipelines.refine.types import RefineSettings
 from schemas.catalog import default_catalog
 from schemas.ingest import IngestDecoder, Message, Position
+from services.worker.clock_flags import SEND_DELAY_S
 from services.worker.refiner import OutputTopics, RawRecord, Refiner
 
 SECOND = 1_000_000_000
@@ -174,10 +177,13 @@ def decode_rate(
     return n * a.samples / (time.process_time() - t0)
 
 
-def refine_rate(a: Adapter, messages: int, hosts: int = 100, burst: int | None = None) -> float:
+def refine_rate(
+    a: Adapter, messages: int, hosts: int = 100, burst: int | None = None, declared: bool = True
+) -> float:
     """Samples per CPU-second of :class:`Refiner` on ``messages`` of ``a`` from ``hosts``
     hosts, each sending its burst of messages once a second (the first half warms the
-    state)."""
+    state). ``declared``: the topic declares its format's usual send delay, as the worker's
+    ingest topics do (``refinery worker``: the clock's ``declared`` basis, docs/clock.md)."""
     start = time.time_ns() - (messages // hosts + 5) * SECOND
     recs = []
     for i in range(messages):
@@ -186,8 +192,10 @@ def refine_rate(a: Adapter, messages: int, hosts: int = 100, burst: int | None =
         body = on_host(a.message(j, ts), host)
         recs.append(RawRecord("t", 0, i, b"b%03d" % host, body, [], ts // 1_000_000 + 2))
     topo = TopologyIndex([], [])
+    timing = {"t": DeclaredTiming(int(SEND_DELAY_S.get(a.format, 5.0) * 1e9))}
+    settings = RefineSettings(seq_window=512, declared=timing if declared else {})
     refiner = Refiner(default_catalog(), OutputTopics(), lambda: topo, lambda _: None,
-                      lambda _: None, ingest=IngestDecoder({"t": a.format}))  # fmt: skip
+                      lambda _: None, settings, IngestDecoder({"t": a.format}))  # fmt: skip
     half = messages // 2
     now = time.time_ns()
     for i in range(0, half, GROUP):  # first sight of every series: warm
@@ -204,8 +212,9 @@ GOAL = 0.5e6  # samples per CPU-second, decode alone, every adapter
 def bench_ingest(seconds: float, messages: int) -> BenchResult:
     """``refinery bench``'s ingest figures: each adapter's decode rate (``seconds`` CPU
     seconds of it) against the goal, and its in-process refine rate on ``messages``
-    messages (ten times as many one-line ones) from up to 100 hosts (each sends four or
-    more: the first half of a refine run warms the state)."""
+    messages (ten times as many one-line ones) from up to 100 hosts (each sends four bursts
+    or more: the first half of a refine run warms the state, the measured half refines
+    hosts seen before)."""
     r = BenchResult("ingest")
     for a in adapters():
         d = decode_rate(a, seconds)
@@ -213,7 +222,7 @@ def bench_ingest(seconds: float, messages: int) -> BenchResult:
               note=f"IngestDecoder.decode_many on waves of {GROUP} messages from 100 hosts "
               f"(bursts of {a.burst}), {a.samples} samples a message")  # fmt: skip
         n = messages if a.samples > 64 else messages * 10
-        hosts = max(1, min(100, n // 4))
+        hosts = max(1, min(100, n // (4 * a.burst)))
         r.add(f"ingest_{a.name}_refine_samples_per_cpu_s", refine_rate(a, n, hosts),
               "samples/CPU-s", note="decode, validate, dedupe, counters, clock, enrich, "
               f"outputs in-process (Refiner), {n} messages from {hosts} hosts")  # fmt: skip

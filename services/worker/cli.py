@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -14,9 +13,14 @@ from schemas.errors import ConfigError
 from schemas.topics import TOPICS
 
 if TYPE_CHECKING:
-    from pipelines.refine.clock_model import DeclaredTiming
+    pass
 from services.heap import keep_heap
 from services.settings import RefinerySettings
+from services.worker.clock_flags import (
+    add_clock_flags,
+    number_arg,
+    refine_settings,
+)
 
 
 def add_parser(sub: Any) -> None:
@@ -47,25 +51,7 @@ def add_parser(sub: Any) -> None:
         "--web-host", default="127.0.0.1", help="/health's bind address (default 127.0.0.1)"
     )
     p.add_argument("--data-dir", help="worker state directory (default $REFINERY_HOME/worker)")
-    p.add_argument(
-        "--clock-min-delay-ms",
-        type=float,
-        default=1.1,
-        help="assumed minimum producer→broker delay (default 1.1 ms, a datacenter)",
-    )
-    p.add_argument(
-        "--clock-delay-uncertainty-ms",
-        type=float,
-        default=0.9,
-        help="± range of that assumption; part of every error bound (default 0.9)",
-    )
-    p.add_argument(
-        "--clock-plausible-drift-ppm",
-        type=_drift_ppm,
-        default=200.0,
-        help="the largest drift a source's oscillator may have (default 200 ppm): a steeper "
-        "fitted slope is read as growing delays and widens the error bounds",
-    )
+    add_clock_flags(p)
     p.add_argument(
         "--replication-factor",
         type=int,
@@ -105,27 +91,14 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--loglevel", default="warning")
     p.set_defaults(handler=run)
+    from services.worker.grow_cli import add_grow
+
+    add_grow(p.add_subparsers(dest="action", title="actions", metavar="{grow}"))
 
 
-def _number(unit: str, short: str, lo: float, hi: float) -> Callable[[str], float]:
-    """An argparse type: a number of ``unit`` from ``lo`` to ``hi``, else one line saying so."""
-
-    def parse(text: str) -> float:
-        try:
-            x = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a number of {unit}") from None
-        if not lo <= x <= hi:
-            raise argparse.ArgumentTypeError(f"{text} {short}: expected {lo:g} to {hi:g}")
-        return x
-
-    return parse
-
-
-_within_ms = _number("milliseconds", "ms", 1.0, 10_000.0)
-_drift_ppm = _number("ppm", "ppm", 1.0, 10_000.0)
-_checkpoint_ms = _number("milliseconds", "ms", 0.0, 10_000.0)
-_share = _number("a share of records", "of the records", 0.01, 1.0)
+_within_ms = number_arg("milliseconds", "ms", 1.0, 10_000.0)
+_checkpoint_ms = number_arg("milliseconds", "ms", 0.0, 10_000.0)
+_share = number_arg("a share of records", "of the records", 0.01, 1.0)
 
 
 def _records(text: str) -> int:
@@ -180,42 +153,6 @@ def _ingest_topics(
     return tuple((n, f) for n, f in {**specs, **asked}.items() if n in asked or fits(n))
 
 
-# The most a row of a foreign format's usual producer waits between its stamp and its
-# append, when its topic declares none (deploy/topics.yaml ``send_delay``; docs/clock.md):
-# the Collector's batch processor holds rows up to 200 ms; Telegraf stamps at collection and
-# sends at its flush (flush_interval 10 s by default, plus flush_jitter); collectd's
-# write_kafka and a pushed exposition send as they read, once connected: a producer's first
-# records wait for its connection to the broker, seconds on a loaded host.
-SEND_DELAY_S = {
-    "otlp": 5.0,
-    "otlp_proto": 5.0,
-    "otlp_json": 5.0,
-    "influx": 15.0,
-    "prometheus": 5.0,
-    "collectd": 5.0,
-    "collectd_counters": 5.0,
-}
-
-
-def declared_timing(
-    ingest: tuple[tuple[str, str], ...], prefix: str = ""
-) -> dict[str, DeclaredTiming]:
-    """Per ingest topic, what its spec declares of its producer's timing: ``send_delay``
-    (else its format's usual, :data:`SEND_DELAY_S`) and ``clock_error``."""
-    from pipelines.refine.clock_model import DeclaredTiming
-    from services.topics import load_topic_specs
-
-    specs = {s.name: s for s in load_topic_specs(prefix=prefix)}
-    out = {}
-    for topic, fmt in ingest:
-        spec = specs.get(topic)
-        delay = spec.send_delay if spec is not None else None
-        if delay is None:
-            delay = int(SEND_DELAY_S.get(fmt, 5.0) * 1e9)
-        out[topic] = DeclaredTiming(delay, spec.clock_error if spec is not None else None)
-    return out
-
-
 def _use_uvloop() -> None:
     """uvloop's transports write large produce requests without asyncio's quadratic buffer
     copying (3.11 keeps unsent bytes in one bytearray and deletes from its front); the
@@ -242,8 +179,6 @@ def _shape(conf: dict[str, Any], topic: str, default: tuple[int, int]) -> tuple[
 
 
 def run(args: argparse.Namespace, settings: RefinerySettings) -> int:
-    from pipelines.refine.clock import ClockSettings
-    from pipelines.refine.types import RefineSettings
     from services.cli_ports import require_free_port
     from services.kafka.group import run_worker
     from services.kafka.log import require_cluster
@@ -290,15 +225,7 @@ def run(args: argparse.Namespace, settings: RefinerySettings) -> int:
         take_within_s=args.take_within_ms / 1000,
         checkpoint_every_s=args.checkpoint_ms / 1000,
         dead_letters=DeadLetterLimit(args.max_deadletter_share, args.deadletter_window),
-        refine=RefineSettings(
-            seq_window=512,
-            clock=ClockSettings(
-                assumed_min_delay_ns=int(args.clock_min_delay_ms * 1e6),
-                delay_uncertainty_ns=int(args.clock_delay_uncertainty_ms * 1e6),
-                plausible_drift_ppm=args.clock_plausible_drift_ppm,
-            ),
-            declared=declared_timing(inputs.ingest, pre),
-        ),
+        refine=refine_settings(args, inputs.ingest, pre),
     )
     check_partitions(conf, cfg.app_id, {"raw": inputs.raw, "events": inputs.events})
     telemetry = ServiceTelemetry("worker", otlp_endpoint=settings.otlp_endpoint)
