@@ -121,6 +121,8 @@ def open_catalog(
         )
     uri = settings.iceberg_catalog.get_secret_value()
     props = {"uri": uri, "warehouse": warehouse_url(lake), "init_catalog_tables": "true"}
+    # a pooled connection the database dropped (restart, failover) is replaced at checkout
+    props["pool_pre_ping"] = "true"
     try:
         return SqlCatalog("refinery", **props, **_fileio_properties(s3))
     except sqlalchemy.exc.OperationalError as e:

@@ -6,9 +6,11 @@ compacts. pyiceberg 0.12 cannot rewrite data files; compaction of an Iceberg lak
 ``compact_closed`` expires, in every dataset's table, the snapshots older than ``keep_s``
 except the current one and the newest carrying the Kafka offsets
 (:func:`~services.lake.iceberg.expire_snapshots`). A commit lost to a concurrent append is
-skipped (reported) and done at the next call. With the lander's flush cadence ``max_age_s``
-a table holds at most ``keep_s / max_age_s`` (plus one per ``max_rows`` rows landed) + 2
-snapshots after expiry, and gains at most ``86400 / max_age_s`` (+ rows / ``max_rows``) a day.
+skipped (reported) and done at the next call, as is one whose catalog database cannot be
+reached (restarting: the lander's flushes retry it, expiry need not). With the lander's flush
+cadence ``max_age_s`` a table holds at most ``keep_s / max_age_s`` (plus one per ``max_rows``
+rows landed) + 2 snapshots after expiry, and gains at most ``86400 / max_age_s``
+(+ rows / ``max_rows``) a day.
 """
 
 from __future__ import annotations
@@ -52,13 +54,17 @@ class IcebergMaintenance:
         wait: bool = False,
     ) -> CompactionReport:
         """Expire old snapshots of ``datasets`` (all when None); ``removed`` counts them."""
+        import sqlalchemy.exc
         from pyiceberg.exceptions import CommitFailedException
 
         report = CompactionReport()
         for ds in datasets or list(DATASETS):
-            table = open_table(self.catalog, self.namespace, ds)
             try:
+                table = open_table(self.catalog, self.namespace, ds)
                 report.removed += expire_snapshots(table, self.keep_s)
             except CommitFailedException:
                 report.skipped.append(f"{ds}: expiry lost to a concurrent commit")
+            except sqlalchemy.exc.OperationalError as e:  # the database restarting: next time
+                self.catalog.engine.dispose()
+                report.skipped.append(f"{ds}: catalog unavailable ({str(e).splitlines()[0]})")
         return report
