@@ -51,6 +51,7 @@ GPU_PEAK_METRICS = ["gpu.temp", "gpu.sm_clock", "gpu.power"]  # kept on throttli
 THROTTLE_BITS = 0x4 | 0x8 | 0x20 | 0x40 | 0x80  # SW/HW power, HW slowdown, SW/HW thermal
 _THERMAL, _POWER = 0x20 | 0x40 | 0x8, 0x4 | 0x80
 _SEP = "\x1f"
+_COLUMNS = ("leaf", "leaf_port", "device", "node", "nic", "metric", "rate", "ts", "job", "value")
 
 
 @dataclass(frozen=True)
@@ -170,6 +171,11 @@ class EpisodeTracker:
     def metrics(self) -> list[str]:
         """Every metric :meth:`update` reads: a table holding only their rows does the same."""
         return [*self.settings.thresholds, THROTTLE_METRIC, *GPU_PEAK_METRICS]
+
+    @property
+    def columns(self) -> list[str]:
+        """Every column :meth:`update` reads: a table of only these does the same."""
+        return list(_COLUMNS)
 
     def tick(self, now_ns: int) -> list[Episode]:
         """Close episodes quiet at ``now_ns`` (also when their ports stopped reporting)."""

@@ -23,6 +23,8 @@ from schemas.records import Alert, Lineage
 _ROW_COLS = ("node", "device", "ts", "job", "raw_partition", "raw_offset")
 _ENRICH = ("rack", "pod", "leaf", "leaf_port", "spine", "rail", "nic", "gpu", "rank", "unit")
 SEP = "\x1f"
+# what an alert is made of: the columns of a run-boundary row (rules' summaries render them)
+_ROW_READ = (*_ROW_COLS, *_ENRICH, "value", "rate", "clock_error_ns")
 
 
 class MetricIndex:
@@ -34,9 +36,44 @@ class MetricIndex:
 
     def __init__(self, table: pa.Table) -> None:
         self.table = table
-        enc = pc.dictionary_encode(column(table, "metric"))
+        self._encoded: dict[str, Array] = {}
+        enc = self.encoded("metric")
         self._codes = enc.indices
         self._index = {v: i for i, v in enumerate(enc.dictionary.to_pylist())}
+        self._series: Array | None = None
+
+    def encoded(self, name: str) -> Array:
+        """Column ``name`` dictionary-encoded, once per table for every reader (the rules,
+        the rollup's series codes, each node's newest ts): a hashing pass over a string
+        column costs a few milliseconds per group of refined rows."""
+        enc = self._encoded.get(name)
+        if enc is None:
+            enc = self._encoded[name] = pc.dictionary_encode(column(self.table, name))
+        return enc
+
+    def rows_of(self, metrics: list[str], columns: list[str]) -> pa.Table:
+        """The rows of ``metrics``, in table order, only their ``columns`` (those present)."""
+        narrow = self.table.select([c for c in columns if c in self.table.column_names])
+        ids = [self._index[m] for m in metrics if m in self._index]
+        if not ids:
+            return narrow.slice(0, 0)
+        return narrow.filter(pc.is_in(self._codes, value_set=pa.array(ids, self._codes.type)))
+
+    @property
+    def series(self) -> Array:
+        """Every row's series (node, device) as an int64 that sorts as ``node SEP device``
+        does (:data:`SEP` sorts below any character of a name), built once for every rule:
+        the rules sort their rows by series, and sorting integers costs a fraction of
+        sorting the joined names."""
+        if self._series is None:
+            key = None
+            for col in ("node", "device"):
+                enc = self.encoded(col)
+                rank = pc.rank(enc.dictionary, sort_keys="ascending", tiebreaker="first")
+                part = take(rank.cast(pa.int64()), enc.indices)
+                key = part if key is None else pc.add(pc.multiply(key, len(enc.dictionary)), part)
+            self._series = key
+        return self._series
 
     def positions(self, metric: str) -> Array:
         """Positions (int64, ascending) of the rows of ``metric``."""
@@ -73,13 +110,14 @@ def _positions(
     return pos if len(pos) else None
 
 
-def _runs(t: pa.Table, pos: Array, cls: Array) -> tuple[pa.Table, list[int]]:
-    """The rows of ``t`` at ``pos``, sorted by series and ts, where a series' class ``cls``
-    (one per position) starts or ends a run, with their ``_key`` and ``_cls``. Only the
-    series, ts and class columns are sorted; whole rows are taken at the run boundaries."""
-    key = pc.binary_join_element_wise(
-        take(column(t, "node"), pos), take(column(t, "device"), pos), SEP
-    )
+def _runs(index: MetricIndex | pa.Table, pos: Array, cls: Array) -> tuple[pa.Table, list[int]]:
+    """The rows of the table (``index``'s) at ``pos``, sorted by series (``node SEP
+    device``) and ts, where a series' class ``cls`` (one per position) starts or ends a
+    run, with their ``_key`` and ``_cls``. Only the series codes, ts and class are sorted;
+    whole rows are taken at the run boundaries, and their keys joined there."""
+    index = index if isinstance(index, MetricIndex) else MetricIndex(index)
+    t = index.table
+    key = take(index.series, pos)
     order = pc.sort_indices(
         pa.table({"_key": key, "ts": take(column(t, "ts"), pos)}),
         sort_keys=[("_key", "ascending"), ("ts", "ascending")],
@@ -88,13 +126,15 @@ def _runs(t: pa.Table, pos: Array, cls: Array) -> tuple[pa.Table, list[int]]:
     start = pc.or_(pc.not_equal(k, prev(k)), pc.not_equal(c, prev(c)))
     end = pc.or_(pc.not_equal(k, nxt(k)), pc.not_equal(c, nxt(c)))
     keep = where(pc.or_(pc.fill_null(start, True), pc.fill_null(end, True)))
-    sel = t.take(take(pos, take(order, keep)))
-    sel = sel.append_column("_key", take(k, keep)).append_column("_cls", take(c, keep))
+    cols = [c for c in _ROW_READ if c in t.column_names]
+    sel = t.select(cols).take(take(pos, take(order, keep)))
+    joined = pc.binary_join_element_wise(column(sel, "node"), column(sel, "device"), SEP)
+    sel = sel.append_column("_key", joined).append_column("_cls", take(c, keep))
     return sel, [int(x) for x in column(sel, "_cls").to_pylist()]
 
 
 def _rows(t: pa.Table) -> list[dict[str, Any]]:
-    keep = (*_ROW_COLS, *_ENRICH, "value", "rate", "_key", "clock_error_ns")
+    keep = (*_ROW_READ, "_key")
     cols = [c for c in keep if c in t.column_names]
     rows: list[dict[str, Any]] = t.select(cols).to_pylist()
     return rows
@@ -105,6 +145,27 @@ def _lin(row: dict[str, Any], topic: str) -> list[Lineage]:
     if p is None or o is None:
         return []
     return [Lineage(topic=topic, partition=int(p), offset_first=int(o), offset_last=int(o))]
+
+
+def _live(
+    rule_name: str, sel: pa.Table, classes: list[int], book: AlertBook
+) -> tuple[pa.Table, list[int]]:
+    """The rows of ``sel`` :func:`_walk` may step: those of a series with a HI row in
+    ``sel`` or a state in ``book`` (any other it skips, having no state and not HI), with
+    their classes. Most run boundaries are a quiet series' first and last rows of a batch:
+    making Python rows of them cost more than the rules' Arrow work."""
+    if not sel.num_rows:
+        return sel, classes
+    keys = column(sel, "_key")
+    hot = pc.unique(keys.filter(pc.equal(column(sel, "_cls"), HI)))
+    keep = pc.is_in(keys, value_set=hot)
+    known = [e for r, e in book.states if r == rule_name]
+    if known:
+        entity = pc.binary_join_element_wise(column(sel, "node"), column(sel, "device"), "/")
+        keep = pc.or_kleene(keep, pc.is_in(entity, value_set=pa.array(known, pa.string())))
+    mask = true_mask(keep)
+    kept = [c for c, k in zip(classes, mask.to_pylist(), strict=True) if k]
+    return sel.filter(mask), kept
 
 
 def _walk(
@@ -120,6 +181,7 @@ def _walk(
     """Step each run-boundary row through its series' hysteresis; ``make(row, onset)``
     returns ``(severity, summary, evidence)`` for a firing alert."""
     out: list[Alert] = []
+    sel, classes = _live(rule_name, sel, classes, book)
     for row, cls in zip(_rows(sel), classes, strict=True):
         entity = f"{row['node']}/{row['device']}"
         if cls != HI and (rule_name, entity) not in book.states:
@@ -169,7 +231,7 @@ def eval_threshold(
     fire = float(limit)
     resolve = fire if rule.resolve is None else rule.resolve
     values = take(column(index.table, field), pos)
-    sel, classes = _runs(index.table, pos, classify(values, fire, resolve, below))
+    sel, classes = _runs(index, pos, classify(values, fire, resolve, below))
 
     def make(row: dict[str, Any], onset: int) -> tuple[str, str, dict[str, Any]]:
         v = row.get(field)
@@ -202,7 +264,7 @@ def eval_bitmask(
     values = take(column(index.table, "value"), pos)
     hit = pc.not_equal(pc.bit_wise_and(pc.cast(values, pa.int64(), safe=False), mask), 0)
     cls = pc.if_else(hit, pa.scalar(HI, pa.int8()), pa.scalar(LO, pa.int8()))
-    sel, classes = _runs(index.table, pos, cls)
+    sel, classes = _runs(index, pos, cls)
 
     def make(row: dict[str, Any], onset: int) -> tuple[str, str, dict[str, Any]]:
         v = int(row["value"])
@@ -316,7 +378,7 @@ def eval_metric_events(
     if pos is None:
         return []
     values = take(column(index.table, "value"), pos)
-    sel, _ = _runs(index.table, pos, pc.cast(values, pa.int64(), safe=False))
+    sel, _ = _runs(index, pos, pc.cast(values, pa.int64(), safe=False))
     out: list[Alert] = []
     for row in _rows(sel):
         key, v = row["_key"], float(row["value"])

@@ -176,23 +176,20 @@ def _fire(
 
 def summarize_batches(table: pa.Table) -> list[dict[str, Any]]:
     """One row per (source, seq) of a refined table, in time order: source, ts, n, sum,
-    min, max of ``value``, raw topic ("": not carried), partition and newest raw offset."""
+    min, max of ``value``, raw topic ("": not carried), partition and newest raw offset.
+    Grouped on the source's three names themselves: joining them into one key first built
+    a string per row, where only one per group is needed."""
     if table.num_rows == 0:
         return []
-    key = pc.binary_join_element_wise(
-        column(table, "node"), column(table, "exporter"), column(table, "instance"), "|"
-    )
-    t = pa.table({"source": key, "seq": column(table, "seq"), "ts": column(table, "ts")})
-    t = t.append_column("value", column(table, "value"))
-    t = t.append_column("raw_partition", column(table, "raw_partition"))
-    t = t.append_column("raw_offset", column(table, "raw_offset"))
+    names = ["node", "exporter", "instance", "seq", "ts", "value", "raw_partition", "raw_offset"]
+    t = pa.table([column(table, c) for c in names], names=names)
     topic = (
         pc.fill_null(column(table, "raw_topic"), "")
         if "raw_topic" in table.column_names
         else pa.repeat(pa.scalar("", pa.string()), table.num_rows)
     )
     t = t.append_column("raw_topic", topic)
-    g = t.group_by(["source", "seq", "raw_topic"]).aggregate(
+    g = t.group_by(["node", "exporter", "instance", "seq", "raw_topic"]).aggregate(
         [
             ("ts", "max"),
             ("value", "count"),
@@ -203,6 +200,8 @@ def summarize_batches(table: pa.Table) -> list[dict[str, Any]]:
             ("raw_offset", "max"),
         ]
     )
+    source = pc.binary_join_element_wise(g["node"], g["exporter"], g["instance"], "|")
+    g = g.drop_columns(["node", "exporter", "instance"]).add_column(0, "source", source)
     rows: list[dict[str, Any]] = g.sort_by([("ts_max", "ascending")]).to_pylist()
     return rows
 

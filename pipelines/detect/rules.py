@@ -124,17 +124,16 @@ class RuleEngine:
     # --- inputs --------------------------------------------------------------------------
 
     def evaluate(
-        self, refined: pa.Table, now_ns: int, by_metric: MetricRows | None = None
+        self, refined: pa.Table, now_ns: int, by_metric: MetricIndex | MetricRows | None = None
     ) -> list[Alert]:
         """State changes caused by one refined batch (REFINED_SCHEMA columns; extra
         columns are ignored). ``now_ns``: the engine's clock, stamped as ``emitted_ns``.
-        ``by_metric``: ``refined`` by metric, when the caller has it already; not needed (the
-        rules take the positions of their metric's rows, not copies of the rows: see
-        :class:`~pipelines.detect.rule_eval.MetricIndex`), accepted for the callers."""
+        ``by_metric``: a :class:`~pipelines.detect.rule_eval.MetricIndex` over ``refined``
+        when the caller has one (its encodings are shared); any other is ignored (the rules
+        take the positions of their metric's rows, not copies of the rows)."""
         if refined.num_rows == 0:
             return []
-        del by_metric
-        ix = MetricIndex(refined)
+        ix = by_metric if isinstance(by_metric, MetricIndex) else MetricIndex(refined)
         out: list[Alert] = []
         for t in self._threshold:
             f = self._fields[t.name]

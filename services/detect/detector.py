@@ -24,10 +24,11 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipelines._arrow import MetricRows
+from pipelines._arrow import take
 from pipelines.detect.episodes import EpisodeSettings, EpisodeTracker, OpenEpisode
 from pipelines.detect.rollup import Rollup, RollupSettings
 from pipelines.detect.rule_config import load_rules
+from pipelines.detect.rule_eval import MetricIndex
 from pipelines.detect.rules import RuleEngine
 from pipelines.detect.stragglers import PathLookup, StragglerDetector
 from schemas.catalog import Catalog
@@ -92,17 +93,20 @@ class Detector:
 
     def on_refined(self, table: pa.Table, now_ns: int) -> Emitted:
         out = Emitted()
-        rows = MetricRows(table) if table.num_rows else None
-        out.alerts += self.engine.evaluate(table, now_ns, rows)
-        sub = rows.of(self.episodes.metrics) if rows is not None else table
-        out.episodes += self.episodes.update(sub, now_ns, until_ns=self.watermark)
-        rolled = self.rollup.update(table)
+        # one index over the table: its dictionary encodings (metric, node, device) serve
+        # the rules, the episodes' rows, the rollup's series and each node's newest ts
+        ix = MetricIndex(table) if table.num_rows else None
+        out.alerts += self.engine.evaluate(table, now_ns, ix)
+        eps = self.episodes
+        sub = ix.rows_of(eps.metrics, eps.columns) if ix is not None else table
+        out.episodes += eps.update(sub, now_ns, until_ns=self.watermark)
+        rolled = self.rollup.update(table, ix.encoded if ix is not None else None)
         if rolled.num_rows:
             out.rollups.append(rolled)
         # clock alerts come from the refining stage (it sees every batch's clock estimate)
-        if table.num_rows:
+        if ix is not None:
             self.newest = max(self.newest, int(pc.max(table.column("ts")).as_py()))
-            self._read_nodes(table)
+            self._read_nodes(ix)
             self.refined_batches += 1
         return out
 
@@ -127,14 +131,19 @@ class Detector:
             self.collectives.hold(_as_ts_ns(table))
         return Emitted()
 
-    def _read_nodes(self, table: pa.Table) -> None:
+    def _read_nodes(self, ix: MetricIndex) -> None:
         """Each node's rows come in its raw order: the newest ts read of a node is how far
-        its data is known, whatever other nodes of the same refined partition reached."""
+        its data is known, whatever other nodes of the same refined partition reached.
+        Grouped on the nodes' dictionary codes (``ix``'s), in order of first row."""
+        table = ix.table
         if "node" not in table.column_names:
             return
-        newest = table.group_by("node").aggregate([("ts", "max")])
+        enc = ix.encoded("node")
+        codes = pa.table({"node": enc.indices, "ts": table.column("ts")})
+        newest = codes.group_by("node", use_threads=False).aggregate([("ts", "max")])
+        names = take(enc.dictionary, newest["node"]).to_pylist()
         latest = self.node_latest
-        for node, ts in zip(newest["node"].to_pylist(), newest["ts_max"].to_pylist(), strict=True):
+        for node, ts in zip(names, newest["ts_max"].to_pylist(), strict=True):
             if node is not None and ts > latest.get(node, 0):
                 latest[node] = ts
 
