@@ -67,6 +67,14 @@ class CommitWatch:
             self.stalled_partition = worst_tp
             return worst
 
+    def stalled(self, longer_than_s: float) -> list[tuple[str, int]]:
+        """The partitions whose stall, as of the last :meth:`check`, is longer than
+        ``longer_than_s``, longest first."""
+        with self._lock:
+            now = time.monotonic()
+            late = [(now - t, tp) for tp, t in self._since.items() if now - t > longer_than_s]
+        return [tp for _, tp in sorted(late, reverse=True)]
+
     def start_offsets(self, partitions: list[tuple[str, int]]) -> dict[tuple[str, int], int]:
         """Where a new owner of each partition starts reading: the group's committed offset,
         or the start of the log where there is none (``auto.offset.reset=earliest``) or it

@@ -42,7 +42,7 @@ class WorkerWatch:
         self._stall_after_s = stall_after_s
 
     async def watch(self) -> None:
-        """Raise (the worker crashes, non-zero) on a failure no agent raises; reread a
+        """Raise (the worker crashes, non-zero) on a failure no agent raises; reread every
         partition whose commits stood still ``stall_after_s``, crash at twice that."""
         progress, commits = self._runner.progress, self._commits
         if self._feed.error is not None:
@@ -57,8 +57,9 @@ class WorkerWatch:
             log.warning("commit watch: %s", e)
             stalled = 0.0
         progress.commit_stalled_s = stalled
-        tp = commits.stalled_partition
-        if stalled > self._stall_after_s and tp is not None:
+        # every partition stalled that long is read again, not only the worst: after a
+        # restart on a backlog several may be (tens of them with 64 raw partitions)
+        for tp in commits.stalled(self._stall_after_s) if stalled > self._stall_after_s else []:
             await self._guard.reread(tp)
         t = self._telemetry
         t.gauge("worker.groups", progress.groups)

@@ -30,6 +30,9 @@ def test_stall_grows_while_input_waits_and_resets_on_commit(
         second = watch.check([(topic, 0), (topic, 1)])
         assert watch.lag == 10
         assert second >= first + 1.0
+        # every partition stalled that long, not only the worst: each is read again
+        assert sorted(watch.stalled(1.0)) == [(topic, 0), (topic, 1)]
+        assert watch.stalled(second + 5) == []
 
         c = Consumer({**kafka_conf, "group.id": group, "enable.auto.commit": False})
         c.commit(offsets=[TopicPartition(topic, 0, 5)], asynchronous=False)
