@@ -76,7 +76,7 @@ def cmd_land(args: argparse.Namespace, settings: RefinerySettings) -> int:
     topics = _topic_map(args.topics)
     if ice.is_iceberg and len(set(topics.values())) < len(topics):
         raise ValueError("an Iceberg lake lands one topic per dataset (its offsets by partition)")
-    max_age = args.max_age if args.max_age is not None else 60.0 if ice.is_iceberg else 2.0
+    max_age = args.max_age if args.max_age is not None else 20.0 if ice.is_iceberg else 2.0
     if args.instance_id:  # static membership: a restarted lander takes over at once
         conf["group.instance.id"] = args.instance_id
     from services.kafka.log import require_cluster
@@ -284,7 +284,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--instance-id", help="static group member id (restart without rebalance)")
     p.add_argument("--once-idle", type=float, metavar="S", help="exit after S s without data")
     p.add_argument("--max-rows", type=int, default=500_000, help="flush a partition at N rows")
-    p.add_argument("--max-age", type=float, help="flush a partition after S s (2; iceberg: 60)")
+    p.add_argument("--max-age", type=float, help="flush a partition after S s (2; iceberg: 20)")
     p.add_argument("--format", choices=["parquet", "iceberg"], help="default: REFINERY_LAKE_FORMAT")
     p.add_argument("--no-compact", action="store_true", help="do not compact closed hours")
     p.add_argument("--crash-at", help=argparse.SUPPRESS)
