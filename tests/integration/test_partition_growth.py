@@ -1,4 +1,4 @@
-"""Growing telemetry.raw mid-run, 8 → 16 → 32 partitions, by the documented procedure
+"""Growing telemetry.raw mid-run, 8 → 16 → 64 partitions, by the documented procedure
 (docs/operations.md, "Scaling": stop the workers, ``refinery worker grow``, start them with
 the same --app-id), against the simulator's truth: nothing lost, nothing duplicated (by
 lineage), every injected duplicate counted — and a copy of a record refined before the
@@ -6,10 +6,9 @@ change, sent to its node's new partition after it, counted as a duplicate too �
 state lost (one first sample per series, no spurious reset, every delta the difference of
 its series' readings), no record out of order, no alert.
 
-32, not 64: a worker restarted with a backlog on 64 raw partitions (and the ingest topics
-refined with them) crashes on this 2-core box with "no commit progress ... for 63s" whether
-or not the partitions were grown (the same run on topics created with 64 partitions,
-stopped and restarted 25 s later, does it too): the procedure is not what fails there."""
+With 64 raw partitions (and the ingest topics refined with them: ~450 partitions on this
+2-core host) the restarted worker meets several partitions whose records never reached its
+stream; it reads each of them again (services/worker/health.py), not only the worst."""
 
 from __future__ import annotations
 
@@ -182,7 +181,7 @@ def test_raw_partitions_grow_twice_mid_run_keeping_the_state(
     def during() -> None:
         # each growth while the simulation publishes (one takes ~35 s on a loaded 2-core box),
         # the second once the worker restarted after the first has refined for a while
-        for n, at in ((16, 14.0), (32, 40.0)):
+        for n, at in ((16, 14.0), (64, 40.0)):
             _wait_assigned(box["w"])
             time.sleep(max(5.0, at - (time.monotonic() - t0)))
             assert box["w"].stop() == 0, box["w"].tail()
@@ -209,7 +208,7 @@ def test_raw_partitions_grow_twice_mid_run_keeping_the_state(
     print(f"\n{run.prefix}: {result}\ncounters {counters}\nalerts {len(alerts)}")
     for g in growths:
         print({k: v for k, v in g.items() if k != "log"}, *g["log"], sep="\n  ")
-    assert [g["to_partitions"] for g in growths] == [16, 32]
+    assert [g["to_partitions"] for g in growths] == [16, 64]
     assert all(g["moved"] > 0 and g["unplaced"] == 0 for g in growths)
     # the producers moved under traffic: every moving node was seen on its new partition
     assert all(g["unseen_nodes"] == 0 for g in growths)
