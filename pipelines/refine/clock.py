@@ -84,12 +84,18 @@ from pipelines.refine.clock_bounds import MS, STEP_TOL_NS, drift_rate, exchanges
 from pipelines.refine.clock_hull import (
     BENDS,
     SCATTER_EVERY,
-    gap_stats,
+    Run,
     hull_push,
     hull_scatter,
     hull_without_first,
+    move_gaps,
+    run_drop_first,
+    run_points,
+    run_push,
+    runs_of,
     slope_at,
     slopes_at,
+    sorted_gaps,
     upper_hull,
 )
 from pipelines.refine.clock_model import (
@@ -158,6 +164,20 @@ class ClockEstimator:
     _pack: PackedRows = field(
         default_factory=lambda: PackedRows(2), init=False, repr=False, compare=False
     )
+    # the points' distances below the line ``_gap_key`` (a, b, xa), sorted, and the points
+    # added (True) and dropped (False) since: under an unchanged line (most records of a
+    # burst of one-metric messages) the gap statistics move by those points instead of
+    # being taken over the whole window (~10 µs a record). None: taken anew.
+    # the points' runs at one x (sorted points only; None: taken anew when needed): the hull
+    # is rebuilt from a run's one or two points that matter (:func:`run_points`) when many
+    # points share their x (a burst of one-metric messages keeps :func:`hull_without_first`
+    # from stopping early: ~120 chain steps a record)
+    _runs: deque[Run] | None = field(default=None, repr=False, compare=False)
+    _gap_key: tuple[float, float, int] | None = field(default=None, repr=False, compare=False)
+    _gaps: list[float] = field(default_factory=list, repr=False, compare=False)
+    _gap_moves: list[tuple[bool, tuple[int, int]]] = field(
+        default_factory=list, repr=False, compare=False
+    )
 
     def observe(
         self,
@@ -204,6 +224,50 @@ class ClockEstimator:
         bound reaches the interval's farther end (``basis`` "declared")."""
         delay_max_ns = declared.send_delay_max_ns
         rate = drift_rate(self.settings.exchange_drift_ppm)
+        met = self._declared_meet(x, delay_max_ns, rate)
+        lo, hi = met if met is not None else self._declared_walk(x, delay_max_ns, rate)
+        widened = None
+        e = declared.clock_error_ns
+        if e is not None:
+            if max(lo, -e) <= min(hi, e):
+                lo, hi = max(lo, -e), min(hi, e)
+            else:
+                widened = "clock_error"
+        model = self.last.offset_at(x) if self.last is not UNKNOWN else (lo + hi) // 2
+        offset = min(max(model, lo), hi)
+        last = self.last  # what ``replace`` gives, ~3 µs sooner a record
+        error = max(offset - lo, hi - offset) + 1
+        return ClockEstimate(offset, x, 0.0, error, last.points, last.converged, last.step,
+                             last.disagreement_ns, widened, "declared", rate)  # fmt: skip
+
+    def _declared_meet(self, x: int, delay_max_ns: int, rate: float) -> tuple[int, int] | None:
+        """The intersection of the last points' intervals (:meth:`_declared`) when it is not
+        empty, else None. Then every interval meets those newer than it, so the walk of
+        :meth:`_declared_walk` intersects them all without a break: this is its result.
+        The points of one send time (a burst of one-metric messages) share their widening:
+        it is computed once per send time, from their highest and lowest ``S - A``."""
+        lo, hi = -(2**62), 2**62
+        gx = None
+        top = low = 0
+        for px, py in itertools.islice(reversed(self.points), _DECLARED_POINTS):
+            if px == gx:
+                if py > top:
+                    top = py
+                elif py < low:
+                    low = py
+                continue
+            if gx is not None:
+                w = STEP_TOL_NS + math.ceil(rate * abs(x - gx))
+                lo, hi = max(lo, top - MS - w), min(hi, low + delay_max_ns + w)
+            gx, top, low = px, py, py
+        if gx is not None:
+            w = STEP_TOL_NS + math.ceil(rate * abs(x - gx))
+            lo, hi = max(lo, top - MS - w), min(hi, low + delay_max_ns + w)
+        return (lo, hi) if lo <= hi else None
+
+    def _declared_walk(self, x: int, delay_max_ns: int, rate: float) -> tuple[int, int]:
+        """The points' intervals intersected newest first; where one does not meet the
+        newer ones a second run starts, and the bound spans the first two runs."""
         runs: list[tuple[int, int]] = []
         lo, hi = -(2**62), 2**62
         for px, py in itertools.islice(reversed(self.points), _DECLARED_POINTS):
@@ -217,26 +281,7 @@ class ClockEstimator:
             else:
                 lo, hi = max(lo, a), min(hi, b)
         runs.append((lo, hi))
-        lo, hi = min(r[0] for r in runs[:2]), max(r[1] for r in runs[:2])
-        widened = None
-        e = declared.clock_error_ns
-        if e is not None:
-            if max(lo, -e) <= min(hi, e):
-                lo, hi = max(lo, -e), min(hi, e)
-            else:
-                widened = "clock_error"
-        model = self.last.offset_at(x) if self.last is not UNKNOWN else (lo + hi) // 2
-        offset = min(max(model, lo), hi)
-        return replace(
-            self.last,
-            offset_ns=offset,
-            anchor_ns=x,
-            drift_ppm=0.0,
-            error_ns=max(offset - lo, hi - offset) + 1,
-            widened=widened,
-            basis="declared",
-            error_rate=rate,
-        )
+        return min(r[0] for r in runs[:2]), max(r[1] for r in runs[:2])
 
     def _calibrate(self, x: int, clock: ClockBlock) -> None:
         """Keep how far the model's offset at ``x`` may lie beyond its bound: its distance
@@ -273,12 +318,16 @@ class ClockEstimator:
                 self.candidates.clear()
         if x < (self.points[-1][0] if self.points else x):
             self.points = deque(sorted([*self.points, (x, y)]), maxlen=None)
-            self._hull = self._xsum = self._unordered = None
+            self._hull = self._xsum = self._unordered = self._gap_key = self._runs = None
             self._pack.invalidate()
         else:
             p = (x, y)
             self.points.append(p)
             self._pack.append(p)
+            if self._runs is not None:
+                run_push(self._runs, p)
+            if self._gap_key is not None:
+                self._gap_moves.append((True, p))
             if self._hull is not None:
                 hull_push(self._hull, p)
             if self._xsum is not None:
@@ -303,7 +352,7 @@ class ClockEstimator:
         self.back_step_ns = 0
         self.scatter = None
         self._fit = None
-        self._hull = self._xsum = self._unordered = None
+        self._hull = self._xsum = self._unordered = self._gap_key = self._runs = None
         self._pack.invalidate()
 
     def _drop_first(self, gone: tuple[int, int]) -> None:
@@ -313,11 +362,19 @@ class ClockEstimator:
         if self._xsum is not None:
             self._xsum -= gone[0]
         self._pack.drop_first()
+        if self._gap_key is not None:
+            self._gap_moves.append((False, gone))
         if self._unordered is not None and self.points and self.points[0][0] < gone[0]:
             self._unordered -= 1
+        runs = self._runs
+        if runs is not None and not (self.points and run_drop_first(runs, gone, self.points[0])):
+            runs = self._runs = None
         hull, self._hull = self._hull, None
         if hull is not None and hull[0] is gone and self.points:
-            self._hull = hull_without_first(hull, self.points)
+            if runs is not None and 4 * len(runs) <= len(self.points):
+                self._hull = upper_hull(run_points(runs))
+            else:
+                self._hull = hull_without_first(hull, self.points)
 
     def _hull_now(self) -> list[tuple[int, int]]:
         if self._hull is not None:
@@ -325,10 +382,12 @@ class ClockEstimator:
         if self._unordered is None:
             pairs = itertools.pairwise(self.points)
             self._unordered = sum(p[0] > q[0] for p, q in pairs)
-        hull = upper_hull(self.points)
-        if self._unordered == 0:
-            self._hull = hull
-        return hull
+        if self._unordered:
+            return upper_hull(self.points)
+        if self._runs is None:
+            self._runs = runs_of(self.points)
+        self._hull = upper_hull(run_points(self._runs)) if self._runs else []
+        return self._hull
 
     def _xbar(self) -> float:
         if self._xsum is None:
@@ -356,12 +415,7 @@ class ClockEstimator:
         s = self.settings
         a, b, xa, slope = self._line()
         pts = self.points
-        xy = None
-        if len(pts) >= 48:  # numpy pays off (fewer points: Python is cheaper)
-            packed = self.packed_points()
-            if packed is not None:
-                xy = np.frombuffer(packed, dtype="<i8").reshape(-1, 2)
-        eighth, median, top = gap_stats(pts, a, b, xa, xy)
+        eighth, median, top = self._gap_stats(a, b, xa)
         self._fit = (a, b, xa, median)
         error = s.delay_uncertainty_ns + 1.5 * eighth
         span_ns = pts[-1][0] - pts[0][0]
@@ -378,7 +432,7 @@ class ClockEstimator:
             error += top + (abs(b) + s.plausible_drift_ppm * 1e-6) * span
             widened = "delay_trend"
         else:
-            bend = self._bend(pts, xy, span_ns, top)
+            bend = self._bend(pts, span_ns, top)
             if bend:
                 error += bend
                 widened = "bend"
@@ -411,7 +465,7 @@ class ClockEstimator:
             widened=widened,
         )
 
-    def _bend(self, pts: deque[tuple[int, int]], xy: Any, span_ns: int, top: float) -> float:
+    def _bend(self, pts: deque[tuple[int, int]], span_ns: int, top: float) -> float:
         """What a bent hull adds to the error bound: ``largest gap + bend x span`` when the
         hull's slope at a fraction ``1/div`` of the span exceeds its slope at ``1 - 1/div``
         by more than ``k x scatter / span`` (see :data:`BENDS`), else 0."""
@@ -426,16 +480,37 @@ class ClockEstimator:
             if left is None or right is None or left == right:
                 continue
             if scatter is None:
-                scatter = self._scatter(hull, pts, xy)
+                scatter = self._scatter(hull, pts)
             if (left - right) * span_ns > k * scatter:
                 return top + (left - right) * span_ns
         return 0.0
 
-    def _scatter(self, hull: list[tuple[int, int]], pts: deque[tuple[int, int]], xy: Any) -> float:
+    def _scatter(self, hull: list[tuple[int, int]], pts: deque[tuple[int, int]]) -> float:
         kept = self.scatter
         if kept is None or not 0 <= self.since_step - kept[0] < SCATTER_EVERY:
-            kept = self.scatter = (self.since_step, hull_scatter(hull, pts, xy))
+            kept = self.scatter = (self.since_step, hull_scatter(hull, pts, self._xy()))
         return kept[1]
+
+    def _xy(self) -> Any:
+        """The points as an (n, 2) int64 array when numpy pays off (48 points or more) and
+        they fit int64, else None."""
+        if len(self.points) < 48:
+            return None
+        packed = self.packed_points()
+        return None if packed is None else np.frombuffer(packed, dtype="<i8").reshape(-1, 2)
+
+    def _gap_stats(self, a: float, b: float, xa: int) -> tuple[float, float, float]:
+        """:func:`gap_stats` of the points below ``a + b·(x - xa)``: from the sorted gaps
+        kept under that very line, moved by the points added and dropped since (each gap
+        is the float that :func:`gap_stats` computes for its point), else taken anew."""
+        key = (a, b, xa)
+        gaps, moves = self._gaps, self._gap_moves
+        n = len(self.points)
+        if not (self._gap_key == key and move_gaps(gaps, moves, a, b, xa) and len(gaps) == n):
+            gaps = self._gaps = sorted_gaps(self.points, a, b, xa, self._xy())
+        self._gap_key = key
+        moves.clear()
+        return gaps[n // 8], gaps[n // 2], gaps[-1]
 
     def to_dict(self) -> dict[str, Any]:
         return self._doc([list(p) for p in self.points])

@@ -4,9 +4,11 @@ hull (see :mod:`pipelines.refine.clock` for the method)."""
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import itertools
 from collections import deque
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -32,6 +34,43 @@ def gap_stats(
     g = a + b * (xy[:, 0] - xa) - xy[:, 1]
     part = np.partition(g, [n // 8, n // 2, n - 1])
     return float(part[n // 8]), float(part[n // 2]), float(part[n - 1])
+
+
+def sorted_gaps(
+    pts: deque[tuple[int, int]], a: float, b: float, xa: int, xy: Any = None
+) -> list[float]:
+    """All the points' distances below the line ``a + b·(x - xa)``, sorted: the floats
+    :func:`gap_stats` computes (in numpy for the same points it takes there)."""
+    if len(pts) < 48 or pts[-1][0] - pts[0][0] >= 1 << 62:
+        xy = None
+    elif xy is None:
+        with contextlib.suppress(OverflowError):
+            n = len(pts)
+            xy = np.fromiter(itertools.chain.from_iterable(pts), np.int64, 2 * n).reshape(n, 2)
+    if xy is None:
+        return sorted(a + b * (p[0] - xa) - p[1] for p in pts)
+    g = a + b * (xy[:, 0] - xa) - xy[:, 1]
+    g.sort()
+    out: list[float] = g.tolist()
+    return out
+
+
+def move_gaps(
+    gaps: list[float], moves: list[tuple[bool, tuple[int, int]]], a: float, b: float, xa: int
+) -> bool:
+    """Move the sorted ``gaps`` (below ``a + b·(x - xa)``) by ``moves``: a point added
+    (True) or dropped (False), in order. False when a dropped point's gap is not among them
+    (``gaps`` is then to be taken anew)."""
+    for added, p in moves:
+        g = a + b * (p[0] - xa) - p[1]
+        if added:
+            bisect.insort(gaps, g)
+            continue
+        i = bisect.bisect_left(gaps, g)
+        if i == len(gaps) or gaps[i] != g:
+            return False
+        del gaps[i]
+    return True
 
 
 def hull_scatter(hull: list[tuple[int, int]], pts: deque[tuple[int, int]], xy: Any) -> float:
@@ -77,12 +116,69 @@ def slopes_at(hull: list[tuple[int, int]], xs: list[Any]) -> list[float | None]:
     return out
 
 
-def upper_hull(pts: deque[tuple[int, int]]) -> list[tuple[int, int]]:
+def upper_hull(pts: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
     """Upper convex hull (left to right) of points sorted by x; exact integer arithmetic."""
     hull: list[tuple[int, int]] = []
     for p in pts:
         hull_push(hull, p)
     return hull
+
+
+# a run of the points at one x: (how many, its first point, its last, its last highest)
+Run = tuple[int, tuple[int, int], tuple[int, int], tuple[int, int]]
+
+
+def runs_of(pts: deque[tuple[int, int]]) -> deque[Run]:
+    """The runs of points sorted by x (see :func:`run_push`)."""
+    runs: deque[Run] = deque()
+    for p in pts:
+        run_push(runs, p)
+    return runs
+
+
+def run_push(runs: deque[Run], p: tuple[int, int]) -> None:
+    """``p`` (at or right of the last run's x) joins the runs."""
+    if runs and runs[-1][2][0] == p[0]:
+        n, first, _, top = runs[-1]
+        runs[-1] = (n + 1, first, p, p if p[1] >= top[1] else top)
+    else:
+        runs.append((1, p, p, p))
+
+
+def run_drop_first(runs: deque[Run], gone: tuple[int, int], new_first: Any) -> bool:
+    """The first point ``gone`` left (``new_first``: the points' first now); False when it
+    was not the first run's first (the runs are then to be taken anew). The first run's
+    highest is not kept up to date: :func:`run_points` does not read it."""
+    n, first, last, top = runs[0]
+    if first is not gone:
+        return False
+    if n == 1:
+        runs.popleft()
+    else:
+        runs[0] = (n - 1, new_first, last, top)
+    return True
+
+
+def run_points(runs: deque[Run]) -> list[tuple[int, int]]:
+    """The points whose :func:`upper_hull` is that of all the points of ``runs``, vertex
+    for vertex (the same tuples): the first run's first and last, each later run's last
+    highest point, and the last run's last after it.
+
+    The monotone chain keeps, of a run at the bottom of its stack, the first point and the
+    last (each later one at that x pops the one before: their cross product is 0). Of a run
+    further on, a point at or above an earlier one pops it and every vertex it popped (at
+    one x, the higher point lies on or above every line the lower one does), so the run
+    leaves its last highest point; a lower point after that stays on top of it only until
+    the next run's first point pops it (the vertical edge turns left). So the chain run
+    over these points ends with the stack it ends with over all of them: a burst of
+    one-metric messages (many points at one send time) is one or two points here."""
+    n, first, last, _ = runs[0]
+    out = [first, last] if n > 1 else [first]
+    if len(runs) > 1:
+        out.extend(r[3] for r in itertools.islice(runs, 1, len(runs) - 1))
+        _, _, last, top = runs[-1]
+        out += [top] if last is top else [top, last]
+    return out
 
 
 def hull_without_first(
