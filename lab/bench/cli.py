@@ -111,7 +111,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--render",
         metavar="FILE",
-        help="run nothing: print the docs/performance.md page for the JSON of an earlier run",
+        nargs="+",
+        help="run nothing: print the docs/performance.md page for the JSON of an earlier run "
+        "(several: one page, a later run's benchmarks replacing an earlier one's)",
     )
     p.add_argument(
         "--sizing",
@@ -172,10 +174,10 @@ def run(args: argparse.Namespace, settings: RefinerySettings) -> int:
     from lab.bench.machine import run_facts
 
     if args.render:
-        from lab.bench.doc import BenchDocError, load, render
+        from lab.bench.doc import BenchDocError, load, merge, render
 
         try:
-            print(render(load(Path(args.render))), end="")
+            print(render(merge([load(Path(f)) for f in args.render])), end="")
         except BenchDocError as e:
             _say(f"refinery bench: {e}")
             return 2

@@ -7,6 +7,10 @@ the page says when they changed. Regenerate it with::
 
     refinery bench --json bench.json
     refinery bench --render bench.json > docs/performance.md
+
+Several files (``--render A.json B.json``) make one page: a benchmark of a later file replaces
+the same benchmark of an earlier one, and the page says which benchmarks came from which run
+(:func:`merge`); all must be of one kind (quick, smoke, full) on one machine.
 """
 
 from __future__ import annotations
@@ -74,6 +78,32 @@ def _rows(benchmarks: dict[str, Any]) -> list[str]:
     return rows
 
 
+def merge(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One document of several runs' (see the module); BenchDocError when their kinds or
+    machines differ."""
+    first = docs[0]
+    for d in docs[1:]:
+        if d.get("mode") != first.get("mode"):
+            raise BenchDocError("runs of different kinds cannot make one page")
+        mine, theirs = d.get("machine") or {}, first.get("machine") or {}
+        if (mine.get("cpu_model"), mine.get("cores")) != (
+            theirs.get("cpu_model"),
+            theirs.get("cores"),
+        ):
+            raise BenchDocError("runs on different machines cannot make one page")
+    out = {**first, "benchmarks": {}, "runs": []}
+    for i, d in enumerate(docs):
+        names = list(d["benchmarks"])
+        for n in names:
+            out["benchmarks"][n] = d["benchmarks"][n]
+        load = (d.get("machine") or {}).get("loadavg_at_start", "?")
+        out["runs"].append({"benchmarks": names, "load": load, "order": i + 1})
+    for r in out["runs"]:  # what a later run replaced is not from this one
+        own = docs[r["order"] - 1]["benchmarks"]
+        r["benchmarks"] = [n for n in r["benchmarks"] if out["benchmarks"][n] is own[n]]
+    return out
+
+
 def render(doc: dict[str, Any]) -> str:
     """The markdown page for one bench run's JSON."""
     machine = doc.get("machine") or {}
@@ -88,6 +118,13 @@ def render(doc: dict[str, Any]) -> str:
         )
     if versions:
         lines.append("Versions: " + ", ".join(f"{k} {v}" for k, v in versions.items()) + ".")
+    runs = doc.get("runs") or []
+    if len(runs) > 1:
+        lines.append(f"Figures of {len(runs)} runs of this kind on this machine, later ones "
+                     "replacing earlier ones' benchmarks:")  # fmt: skip
+        for r in runs:
+            lines.append(f"- run {r['order']} (load {r['load']} at its start): "
+                         + ", ".join(r["benchmarks"]))  # fmt: skip
     benchmarks = doc["benchmarks"]
     met = [f.get("met") for b in benchmarks.values() for f in (b.get("figures") or {}).values()]
     lines.append(

@@ -71,3 +71,23 @@ def test_a_file_that_is_not_a_bench_run_is_one_line_and_exit_2(tmp_path: Path) -
     assert "not a refinery bench --json file" in got.stderr
     missing = _render(str(tmp_path / "nope.json"))
     assert missing.returncode == 2 and "no such file" in missing.stderr
+
+
+def test_several_runs_make_one_page_that_says_which_figure_came_from_which(
+    tmp_path: Path,
+) -> None:
+    first = json.loads(_bench_json(tmp_path).read_text())
+    later = {**first, "benchmarks": {"alert_latency": first["benchmarks"]["alert_latency"]}}
+    later["benchmarks"]["alert_latency"] = {
+        **later["benchmarks"]["alert_latency"],
+        "figures": {"xid_p99_s": {"value": 9.0, "unit": "s", "goal": "<= 5", "met": False}},
+    }
+    b = tmp_path / "later.json"
+    b.write_text(json.dumps(later))
+    page = _render(str(tmp_path / "bench.json"), str(b)).stdout
+    assert "| alert_latency | xid_p99_s | 9 s | ≤ 5 s | no |" in page  # the later run's
+    assert "- run 2 (load" in page and page.count("alert_latency") == 2  # row + run list
+    other = {**later, "mode": "smoke"}
+    b.write_text(json.dumps(other))
+    got = _render(str(tmp_path / "bench.json"), str(b))
+    assert got.returncode == 2 and "different kinds" in got.stderr
