@@ -32,6 +32,11 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--detects", type=int, default=1, help="detect replicas (default 1)")
     p.add_argument("--landers", type=int, default=1, help="lake landers (default 1)")
     p.add_argument(
+        "--s3",
+        action="store_true",
+        help="land the lake on a local S3-compatible server (s3proxy, started and stopped)",
+    )
+    p.add_argument(
         "--kill",
         action="store_true",
         help="kill -9 one detect replica, one lander and one worker while publishing "
@@ -45,7 +50,7 @@ def run(args: argparse.Namespace, settings: RefinerySettings) -> int:
 
     quick = args.quick
     lake = Path(args.lake) if args.lake else settings.lake
-    if lake.exists() and any(lake.iterdir()):
+    if not args.s3 and lake.exists() and any(lake.iterdir()):
         print(
             f"refinery: error: lake {lake} is not empty; pass --lake DIR or remove it",
             file=sys.stderr,
@@ -63,6 +68,7 @@ def run(args: argparse.Namespace, settings: RefinerySettings) -> int:
         detects=args.detects,
         landers=args.landers,
         kill=args.kill,
+        s3=args.s3,
     )
     for flag in ("workers", "detects", "landers"):
         if getattr(args, flag) < 1:

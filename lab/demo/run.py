@@ -16,7 +16,7 @@ import os
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +51,7 @@ class DemoOptions:
     detects: int = 1
     landers: int = 1
     kill: bool = False  # kill -9 one process of each stage mid-run, then start it again
+    s3: bool = False  # the lake on a local S3-compatible server (s3proxy) instead of a directory
 
 
 def run_demo(
@@ -61,6 +62,7 @@ def run_demo(
     from lab.broker import LocalKafka
 
     started_broker: LocalKafka | None = None
+    started_s3: Any = None
     children: list[Child] = []
     fleet: Fleet | None = None
     t0 = time.monotonic()
@@ -88,6 +90,11 @@ def run_demo(
             "REFINERY_LAKE": str(opts.lake.resolve()),
             "REFINERY_HOME": str(settings.home),
         }
+        if opts.s3:
+            started_s3, lake_env = _start_s3(settings.home, prefix, say)
+            env |= lake_env
+            os.environ.update(lake_env)  # this process reads the lake too (summary, verify)
+            opts = replace(opts, lake=Path(lake_env["REFINERY_LAKE"]))
         logdir = settings.home / "demo-logs"
         land_topics = [f"{prefix}{t}={d}" for t, d in TOPIC_DATASETS.items()]
         fleet = Fleet(env, logdir, _stage_args(prefix, settings.home, land_topics))
@@ -191,7 +198,7 @@ def run_demo(
         summary_kills = fleet.kills
         say(f"pipeline drained in {time.monotonic() - t0:.0f}s; reading the lake…")
         summary = summarize(opts.lake, rep.as_dict(), _incidents(truth))
-        summary["lake"] = str(opts.lake.resolve())
+        summary["lake"] = env["REFINERY_LAKE"]  # a directory, or s3://bucket/prefix
         summary["prefix"] = prefix
         summary["seconds"] = round(time.monotonic() - t0, 1)
         summary["raw_end_offsets"] = sum(end_offsets(conf, inputs).values())
@@ -210,6 +217,21 @@ def run_demo(
                 c.stop(30)
         if started_broker is not None:
             started_broker.stop()
+        if started_s3 is not None:
+            started_s3.stop()
+
+
+def _start_s3(home: Path, prefix: str, say: Callable[[str], None]) -> tuple[Any, dict[str, str]]:
+    """A local s3proxy (``refinery s3``'s) and the environment of a lake under ``prefix`` on
+    it."""
+    from lab.s3 import LocalS3
+
+    s3 = LocalS3(home / "demo-s3")
+    say("starting a local S3-compatible server (s3proxy, 127.0.0.1)…")
+    st = s3.start(progress=True)
+    lake_env = st.env(prefix=prefix.rstrip("."))
+    say(f"lake on {lake_env['REFINERY_LAKE']} at {st.endpoint}")
+    return s3, lake_env
 
 
 def _stage_args(prefix: str, home: Path, land_topics: list[str]) -> dict[str, Any]:

@@ -119,3 +119,32 @@ def test_demo_with_replicas_one_of_each_killed(kafka_bootstrap: str, tmp_path: P
     assert a["precision"] >= 0.98 and a["incident_recall"] == 1.0, (seed, a)
     assert a["stragglers"]["named"] == 1, (seed, a["stragglers"])
     assert s["accounting"]["balanced"] is True
+
+
+def test_demo_with_its_lake_on_object_storage(kafka_bootstrap: str, tmp_path: Path) -> None:
+    """`refinery demo --quick --s3`: the lake on a local s3proxy, landed exactly once by
+    conditional creates and judged against the truth from there."""
+    env = {
+        **os.environ,
+        "REFINERY_BOOTSTRAP_SERVERS": kafka_bootstrap,
+        "REFINERY_HOME": str(tmp_path / "home"),
+    }
+    p = subprocess.run(
+        [sys.executable, "-m", "services.cli", "demo", "--quick", "--json", "--s3"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    if p.returncode != 0 and "s3proxy" in p.stderr and "Maven" in p.stderr:
+        pytest.skip(f"no s3proxy here: {p.stderr.strip().splitlines()[-1]}")
+    assert p.returncode == 0, p.stderr[-3000:]
+    s = json.loads(p.stdout)
+    assert s["lake"].startswith("s3://lake/")
+    assert not (Path(__file__).resolve().parents[2] / "s3:").exists()
+    v = s["verify"]
+    assert v["ok"], v["misses"]
+    assert all(d["lost"] == d["duplicated"] == 0 for d in v["data"].values()), v["data"]
+    assert v["alerts"]["incident_recall"] == 1.0 and v["alerts"]["stragglers"]["named"] == 1
+    assert s["accounting"]["balanced"] is True
