@@ -105,6 +105,12 @@ def test_collectives_wait_for_the_partition_of_their_congestion() -> None:
         b.view.apply(m)
         b.publish(now)
     assert stragglers(b.out) == []
+    for now, t in storm[5:]:  # caught up: the same collectives are judged, with their cause
+        a.feed(REFINED, 0, [t], now)
+        b.view.apply(a.publish(now))
+        b.publish(now)
+    (got,) = stragglers(b.out)
+    assert got.cause is not None and got.cause.startswith("PFC storm on leaf-p0-r3 port 2")
 
 
 def test_a_record_about_a_partition_a_replica_owns_is_not_taken_from_others() -> None:
