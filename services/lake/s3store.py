@@ -13,12 +13,15 @@ AWS_ACCESS_KEY_ID / _SECRET_...    credentials (secrets); AWS_SESSION_TOKEN    t
                                                                                chain
 REFINERY_S3_TIMEOUT_S              one request's timeout                       30
 REFINERY_S3_RETRIES                retries of a failed request (backoff)       5
+REFINERY_S3_READ_BLOCK_MIB         DuckDB reads objects by blocks of this size 8
+REFINERY_S3_READ_CACHE_MIB         cache of read blocks, per connection        256
 =================================  ==========================================  ===============
 
 Writes go through obstore (its ``PutMode.Create`` sends ``If-None-Match: *``; pyarrow's S3
-file system silently drops that header and overwrites). DuckDB reads through s3fs registered
-on the connection (:meth:`S3Settings.register`), since its httpfs extension is not available
-for every DuckDB release.
+file system silently drops that header and overwrites). DuckDB reads through
+:class:`~services.lake.s3read.LakeReadFS` registered on the connection
+(:meth:`S3Settings.register`), since its httpfs extension is not available for every DuckDB
+release.
 """
 
 from __future__ import annotations
@@ -63,6 +66,8 @@ class S3Settings(BaseSettings):
     session_token: SecretStr | None = _env("AWS_SESSION_TOKEN")
     timeout_s: float = Field(default=30.0, gt=0)
     retries: int = Field(default=5, ge=0, le=20)
+    read_block_mib: int = Field(default=8, ge=1, le=1024)
+    read_cache_mib: int = Field(default=256, ge=0)
 
     @property
     def region_name(self) -> str:
@@ -109,31 +114,23 @@ class S3Settings(BaseSettings):
         )
 
     def filesystem(self) -> Any:
-        """An s3fs file system for DuckDB (``con.register_filesystem``); listings uncached,
-        so a refresh sees what landed since."""
-        import s3fs
+        """The read-only ``s3://`` file system DuckDB reads through
+        (:class:`~services.lake.s3read.LakeReadFS`: obstore, the lake's own listing, a block
+        cache of immutable objects)."""
+        from services.lake.s3read import LakeReadFS
 
-        kw: dict[str, Any] = {
-            "client_kwargs": {"region_name": self.region_name},
-            "config_kwargs": {
-                "s3": {"addressing_style": "path" if self.use_path_style else "auto"}
-            },
-            "use_listings_cache": False,
-            "skip_instance_cache": True,
-        }
-        if self.endpoint:
-            kw["endpoint_url"] = self.endpoint
-        if self.access_key_id:
-            kw["key"] = self.access_key_id
-        if self.secret_access_key is not None:
-            kw["secret"] = self.secret_access_key.get_secret_value()
-        if self.session_token is not None:
-            kw["token"] = self.session_token.get_secret_value()
-        return s3fs.S3FileSystem(**kw)
+        return LakeReadFS(
+            lambda bucket: self.obstore(LakeLocation(bucket=bucket)),
+            block_bytes=self.read_block_mib << 20,
+            cache_bytes=self.read_cache_mib << 20,
+        )
 
-    def register(self, con: Any) -> None:
-        """Let DuckDB connection ``con`` read ``s3://`` through this configuration."""
-        con.register_filesystem(self.filesystem())
+    def register(self, con: Any) -> Any:
+        """Let DuckDB connection ``con`` read ``s3://`` through this configuration; returns
+        the file system registered."""
+        fs = self.filesystem()
+        con.register_filesystem(fs)
+        return fs
 
 
 def _meta(m: Any) -> ObjectInfo:

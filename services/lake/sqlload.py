@@ -21,6 +21,9 @@ An Iceberg lake (:mod:`services.lake.iceberg`) is read through the same views: `
 given a :class:`~services.lake.iceberg.SnapshotFiles` defines ``iceberg_files(dataset)`` on the
 connection and snapshots ``lake_files_<dataset>`` from it (each table's current snapshot) where
 ``sql/refresh.sql`` would list directories; :func:`refresh` does the same on such a connection.
+A Parquet lake on ``s3://`` likewise snapshots them from ``lake_object_files(dataset)``: one
+listing of the dataset's prefix, the same files ``lake_live_files`` would glob
+(:mod:`services.lake.s3read`).
 
 A parameter's default fixes its type: integer, float, ``true``/``false``, else text. Errors are
 :class:`~services.lake.layout.LakeError` (unknown query or parameter, value of the wrong
@@ -33,7 +36,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import duckdb
 
@@ -116,10 +119,11 @@ def list_queries(sql_dir: Path = SQL_DIR) -> dict[str, NamedQuery]:
     return out
 
 
-def _script(path: Path, sql_dir: Path, *, iceberg: bool = False) -> list[str]:
+def _script(path: Path, sql_dir: Path, *, listing: str = "lake_live_files(") -> list[str]:
     """Statements of an init script, with ``.read`` lines expanded (paths relative to the
-    repository root, as the DuckDB CLI would read them from there); ``iceberg``: the file
-    lists snapshot from ``iceberg_files()`` instead of directory listings."""
+    repository root, as the DuckDB CLI would read them from there); ``listing``: the function
+    the file lists snapshot from (``iceberg_files(``, ``lake_object_files(``: defined on the
+    connection) instead of directory listings."""
     out: list[str] = []
     for line in path.read_text().splitlines():
         s = line.strip()
@@ -127,15 +131,19 @@ def _script(path: Path, sql_dir: Path, *, iceberg: bool = False) -> list[str]:
             rel = s[len(".read ") :].strip()
             target = sql_dir.parent / rel
             text = target.read_text()
-            if iceberg and target.name == "refresh.sql":
-                text = iceberg_refresh_sql(sql_dir)
+            if target.name == "refresh.sql":
+                text = _refresh_sql(sql_dir, listing)
             out.append(text)
     return out
 
 
 def iceberg_refresh_sql(sql_dir: Path = SQL_DIR) -> str:
     """``sql/refresh.sql`` with every dataset's file list from ``iceberg_files()``."""
-    return (sql_dir / "refresh.sql").read_text().replace("lake_live_files(", "iceberg_files(")
+    return _refresh_sql(sql_dir, "iceberg_files(")
+
+
+def _refresh_sql(sql_dir: Path, listing: str) -> str:
+    return (sql_dir / "refresh.sql").read_text().replace("lake_live_files(", listing)
 
 
 def connect(
@@ -147,9 +155,11 @@ def connect(
     iceberg: SnapshotFiles | None = None,
 ) -> duckdb.DuckDBPyConnection:
     """A connection (new, in memory, unless given) with every view of ``sql/views`` defined
-    over ``lake``: a directory, or ``s3://bucket/prefix`` read through s3fs registered on the
-    connection (``s3``: the store's settings, read from the environment when None); with
-    ``iceberg``, over the current snapshots of the lake's Iceberg tables. Raises
+    over ``lake``: a directory, or ``s3://bucket/prefix`` read through
+    :class:`~services.lake.s3read.LakeReadFS` registered on the connection (``s3``: the
+    store's settings, read from the environment when None), its file lists from one listing
+    of each dataset's prefix (``lake_object_files(dataset)``); with ``iceberg``, over the
+    current snapshots of the lake's Iceberg tables. Raises
     duckdb.Error when the lake has no seed file for a dataset, ConfigError for an
     unsupported scheme."""
     loc = lake if isinstance(lake, LakeLocation) else parse_location(lake)
@@ -160,15 +170,39 @@ def connect(
     else:
         from services.lake.s3store import S3Settings
 
-        (s3 if s3 is not None else S3Settings()).register(con)
+        fs = (s3 if s3 is not None else S3Settings()).register(con)
         root = loc.url
     con.execute("SET VARIABLE lake = ?", [root])
+    listing = "lake_live_files("
     if iceberg is not None:
         iceberg.register(con)
         con.execute("SET VARIABLE lake_format = 'iceberg'")
-    for script in _script(sql_dir / "init.sql", sql_dir, iceberg=iceberg is not None):
+        listing = "iceberg_files("
+    elif loc.path is None:
+        _register_object_files(con, fs, loc)
+        con.execute("SET VARIABLE lake_format = 'objects'")
+        listing = "lake_object_files("
+    for script in _script(sql_dir / "init.sql", sql_dir, listing=listing):
         con.execute(script)
     return con
+
+
+def _register_object_files(con: duckdb.DuckDBPyConnection, fs: Any, loc: LakeLocation) -> None:
+    """Define ``lake_object_files(dataset)`` on ``con``: the files ``lake_live_files`` would
+    glob, from one listing of the dataset's prefix through ``fs`` (a
+    :class:`~services.lake.s3read.LakeReadFS`), which remembers each object's size and ETag."""
+    from duckdb import list_type, sqltypes
+
+    from services.lake.s3read import lake_object_files
+
+    def files(dataset: str) -> list[str]:
+        objects = fs.list_objects(loc.bucket, loc.key(dataset))
+        return [f"s3://{loc.bucket}/{o.key}" for o in lake_object_files(objects)]
+
+    con.create_function(
+        "lake_object_files", files, [sqltypes.VARCHAR], list_type(sqltypes.VARCHAR),
+        side_effects=True,
+    )  # fmt: skip
 
 
 def iceberg_init_sql(lake: str, files: Callable[[str], list[str]], sql_dir: Path = SQL_DIR) -> str:
@@ -193,10 +227,8 @@ def refresh(con: duckdb.DuckDBPyConnection, *, sql_dir: Path = SQL_DIR) -> None:
     """Re-list the lake so views see files landed (and compactions done) since; on an
     Iceberg connection, each table's current snapshot."""
     row = con.execute("SELECT getvariable('lake_format')").fetchone()
-    if row is not None and row[0] == "iceberg":
-        con.execute(iceberg_refresh_sql(sql_dir))
-        return
-    con.execute((sql_dir / "refresh.sql").read_text())
+    listing = {"iceberg": "iceberg_files(", "objects": "lake_object_files("}
+    con.execute(_refresh_sql(sql_dir, listing.get(str(row[0] if row else ""), "lake_live_files(")))
 
 
 def bind(query: NamedQuery, overrides: dict[str, str]) -> dict[str, object]:
