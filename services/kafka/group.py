@@ -8,13 +8,12 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-import weakref
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import faust
 
-from services.kafka import hooks, internals
+from services.kafka import hooks
 from services.kafka.outputs import OutMessage, OutputProducer
 from services.settings import KafkaSettings
 
@@ -39,36 +38,13 @@ class Progress:
         return self.commit_stalled_s <= stall_after_s
 
 
-# the topics each aiokafka client of this process has been told to track (see track_topics)
-_TRACKED: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
-
-
-async def track_topics(app: faust.App, topics: Iterable[str]) -> None:
-    """Keep the metadata of every topic this process produces to: ``topics`` and the
-    changelogs of the app's tables.
-
-    aiokafka's producer asks the broker for the metadata of all topics until its first send to
-    a topic it does not know yet (a changelog whose creation the broker's metadata does not
-    show yet, say); from then on it asks only for the topics sent to since, and every other
-    topic drops out of its view. Batches already queued for a dropped topic then wait for a
-    leader the producer never looks up, and time out (seen as NotLeaderForPartition and a
-    30 s send timeout under load). An explicit list that only grows avoids that."""
-    client = internals.producer_client(app)
-    tracked = _TRACKED.setdefault(client, set())
-    want = set(topics) | {t.changelog_topic.get_topic_name() for t in app.tables.values()}
-    if want <= tracked:
-        return
-    tracked |= want
-    await client.set_topics(sorted(tracked))
-
-
 async def publish_acked(
     app: faust.App, outputs: OutputProducer, messages: list[OutMessage]
 ) -> None:
     """Send ``messages`` through the process's output producer and wait until every one is
     acknowledged; raise (and crash the agent) on anything else. A message sent twice (by a
-    replay) is harmless: every output carries its lineage and consumers dedupe on it."""
-    await track_topics(app, ())  # the table changelogs, which the app's producer still sends
+    replay) is harmless: every output carries its lineage and consumers dedupe on it.
+    (``app`` is unused: nothing goes through the app's own producer.)"""
     await outputs.publish(messages)
 
 

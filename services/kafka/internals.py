@@ -6,8 +6,10 @@ settings and hooks):
 - :func:`short_fetch_app`: a 50 ms fetch wait instead of Faust's fixed 1.5 s;
 - :func:`declare_gap`: offsets the stream dropped count as acked once a later one is;
 - :func:`set_without_changelog`: a table's state written without Faust sending its changelog
-  record (the worker sends it with its outputs);
-- :func:`producer_client`: the aiokafka client of Faust's producer, for its topic list.
+  record (the worker sends it with its outputs).
+
+Nothing else of the product reaches past Faust's and aiokafka's public API;
+``tests/unit/test_kafka_adapter.py`` fails if a module outside this one starts to.
 
 The bound on inflation (:func:`install`).
 
@@ -298,15 +300,3 @@ def set_without_changelog(table: Any, key: bytes, value: bytes) -> str:
     producer, so it builds the record itself and writes ``Table.data`` (the store) directly."""
     table.data[key] = value
     return str(table.changelog_topic.get_topic_name())
-
-
-def producer_client(app: Any) -> Any:
-    """The aiokafka client of the app's (started) producer, whose ``set_topics`` sets the
-    topics whose metadata it keeps.
-
-    Why: aiokafka's producer asks for the metadata of every topic only until its first send to
-    a topic it does not know; from then on only for the topics sent to since, and batches
-    queued for a topic that dropped out wait for a leader it never looks up (see
-    :func:`services.kafka.group.track_topics`). Its client is reached only through Faust's
-    ``Producer._ensure_producer``."""
-    return app.producer._ensure_producer().client

@@ -11,21 +11,17 @@ Agents, each a thin shim over :class:`services.worker.refiner.Refiner`:
 Per group of records (``noack_take``): process each, publish the outputs and wait for their
 acknowledgements. At most every ``checkpoint_every_s`` (and when the worker stops, its
 partitions are revoked or input pauses) the state changed since the last checkpoint is
-written to the tables and its changelog records acknowledged too (sent by the same librdkafka
-producer as the outputs) — only then are the records of the groups it covers acked, so Faust
-may commit their offsets; a group that failed is never acked. That end of a group runs while
-the next group is refined (the ends one at a time, in order). So a crash anywhere replays
-records whose outputs were either never published (recomputed identically from the older
-state) or already published and remembered in the state (skipped as ``replay``), or
-published but not yet in a checkpoint (published again: the same rows with the same
-lineage, which a consumer drops by its raw partition and offset).
+written to the tables and its changelog records acknowledged too — only then are the records
+of the groups it covers acked, so Faust may commit their offsets; a group that failed is
+never acked. When an offset is safe to commit, and why a crash anywhere loses and duplicates
+nothing, is :mod:`services.worker.checkpoint`.
 
 A failing agent crashes the worker (``CrashingSupervisor``): the process exits non-zero
 instead of running on without committing. ``/health`` on the web port answers 200 while
 groups complete (or nothing waits), 503 when progress has stalled.
 
 The parts: :mod:`~services.worker.config` (settings), :mod:`~services.worker.groups` (the group
-runner), :mod:`~services.worker.checkpoints` (checkpoints, group ends),
+runner), :mod:`~services.worker.checkpoint` (the commit: outputs, state, offsets),
 :mod:`~services.worker.gaps` (the gap guard), :mod:`~services.worker.health` (the watch and
 ``/health``); this module builds them and wires them to the Faust app.
 """
@@ -53,10 +49,10 @@ from services.kafka.outputs import OutputProducer
 from services.kafka.watch import CommitWatch
 from services.settings import KafkaSettings
 from services.telemetry import ServiceTelemetry
-from services.worker.checkpoints import Checkpoints, Lane
+from services.worker.checkpoint import Checkpoint
 from services.worker.config import InputTopics, WorkerConfig
 from services.worker.gaps import GapGuard
-from services.worker.groups import GroupRunner
+from services.worker.groups import GroupRunner, Lane
 from services.worker.guard import DeadLetterStep
 from services.worker.health import WorkerWatch
 from services.worker.refiner import Refiner
@@ -96,12 +92,14 @@ def build_app(
         cat, cfg.outputs, view.index, _loader(streams), _loader(nodes), cfg.refine, ingest
     )
     aligner = Refiner(cat, cfg.outputs, view.index, _loader(aligned), lambda _: None, cfg.refine)
+    outputs = OutputProducer(kafka, cfg.app_id)
     every_s, limit = cfg.checkpoint_every_s, cfg.dead_letters
-    refine = Lane(refiner, streams, nodes, Checkpoints(every_s), DeadLetterStep(limit))
-    align = Lane(aligner, aligned, None, Checkpoints(every_s), DeadLetterStep(limit))
+    refine_cp = Checkpoint(every_s, outputs, streams, nodes, refiner.dirty_blobs)
+    align_cp = Checkpoint(every_s, outputs, aligned, None, aligner.dirty_blobs)
+    refine = Lane(refiner, refine_cp, DeadLetterStep(limit))
+    align = Lane(aligner, align_cp, DeadLetterStep(limit))
     commits = CommitWatch(kafka.librdkafka(), cfg.app_id)  # the group's committed offsets
     guard = GapGuard(app, kafka.librdkafka(), commits, telemetry, cfg.stall_after_s)
-    outputs = OutputProducer(kafka, cfg.app_id)
     runner = GroupRunner(cfg, [refine, align], outputs, guard, feed, telemetry)
     watch = WorkerWatch(
         app, cfg.inputs.refined(), runner, commits, guard, feed, telemetry, cfg.stall_after_s

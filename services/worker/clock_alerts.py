@@ -1,11 +1,10 @@
 """The refiner's clock alerts: per stream, whether its clock is flagged as off and since when.
 
-One object holds that state, and both that write it use it: the refiner
-(:class:`services.worker.refiner.Refiner`), which loads it with a stream's checkpointed state,
-flips it as estimates come and writes it back at checkpoints, and the guard
-(:class:`services.worker.guard.Undo`), which takes a :meth:`ClockAlerts.snapshot` of the
-streams a group touches and puts it back (:meth:`ClockAlerts.restore`) when refining the group
-raised.
+Part of the refiner's one state (:class:`services.worker.refiner_state.RefinerState`), which
+loads it with a stream's checkpointed state and writes it back at checkpoints, and takes a
+:meth:`ClockAlerts.snapshot` of the streams a group touches to put back
+(:meth:`ClockAlerts.restore`) when refining the group raised; the refiner flips it as
+estimates come (:meth:`ClockAlerts.observe`).
 """
 
 from __future__ import annotations

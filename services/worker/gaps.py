@@ -22,7 +22,7 @@ from services.kafka.internals import declare_gap
 from services.kafka.watch import CommitWatch, fetch_range
 from services.telemetry import ServiceTelemetry
 from services.worker.records import confluent_record, raw_record
-from services.worker.refiner import RawRecord
+from services.worker.refiner_outputs import RawRecord
 
 log = logging.getLogger(__name__)
 

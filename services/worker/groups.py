@@ -1,17 +1,21 @@
-"""The group runner: how an agent's groups of records are refined, published, checkpointed and
-acked (see :mod:`services.worker.app` for the contract).
+"""The group runner: how an agent's groups of records are consumed, refined and handed to
+the checkpoint that produces and commits them (:mod:`services.worker.checkpoint`, the one
+place an offset is committed).
 
-Per group (``noack_take``, whose events only the runner acks): refine it in chunks, hand each
-chunk's outputs to the output producer, then start the group's *end* (wait for the outputs'
-acknowledgements; when a checkpoint is due, send the state changed since the last one and
-ack every group the checkpoint covers) while the next group is refined. The ends run one at a
-time, in group order; a group that failed is never acked and the next owner replays it."""
+Per group (``noack_take``, whose events only the checkpoint acks): fill the gaps the stream
+left (:class:`~services.worker.gaps.GapGuard`), refine it in chunks, pass each record's outcome
+through the dead-letter limit (:class:`~services.worker.guard.DeadLetterStep`), hand each
+chunk's outputs to the output producer, then start the group's end
+(:meth:`Checkpoint.end_group <services.worker.checkpoint.Checkpoint.end_group>`) while the
+next group is refined. The ends run one at a time, in group order; a group that failed is
+never acked and the next owner replays it."""
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Coroutine, Sequence
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from services.gc_pacer import GcPacer
@@ -19,12 +23,22 @@ from services.kafka.feed import TopologyFeed
 from services.kafka.group import Progress, manual_acks
 from services.kafka.outputs import Delivery, OutMessage, OutputProducer
 from services.telemetry import ServiceTelemetry
-from services.worker.checkpoints import GroupEnds, Lane
+from services.worker.checkpoint import Checkpoint, GroupEnds
 from services.worker.config import WorkerConfig
 from services.worker.gaps import GapGuard
+from services.worker.guard import DeadLetterStep
+from services.worker.refiner import Refiner
 from services.worker.tally import GroupTally
 
-End = Coroutine[Any, Any, None]
+
+@dataclass
+class Lane:
+    """One agent's refining: its refiner, its checkpoint (which writes the refiner's state to
+    the agent's tables) and its dead-letter limit."""
+
+    proc: Refiner
+    cp: Checkpoint
+    dead_letters: DeadLetterStep
 
 
 class GroupRunner:
@@ -57,9 +71,9 @@ class GroupRunner:
 
         noack_take: Faust's take_events acks a group when its generator closes, also when
         processing it failed, and this process would then commit records whose outputs the
-        broker never acknowledged. Here a group is acked only once it is done and in a
-        checkpoint. Its end runs while the next group is refined: the refining thread does
-        not sit idle through the broker round trips."""
+        broker never acknowledged. Here a group is acked only by its checkpoint, once it is
+        done. Its end runs while the next group is refined: the refining thread does not sit
+        idle through the broker round trips."""
         cp = lane.cp
         ending: asyncio.Task[None] | None = None
         cp.stream = stream
@@ -69,7 +83,8 @@ class GroupRunner:
             try:
                 async for events in groups:
                     epoch, cp.clean = cp.epoch, False
-                    end, saves = await self._refine(events, lane, epoch)
+                    sent, changelog = await self._refine(events, lane, epoch)
+                    end = cp.end_group(events, sent, changelog, epoch)
                     if epoch != cp.epoch:
                         # the partitions were revoked while it was refined: its rows leave
                         # the state (which reloads from the tables) and its records replay
@@ -80,18 +95,19 @@ class GroupRunner:
                         except BaseException:
                             end.close()  # this group's end never starts: its records stay unacked
                             raise
-                    ending = self.ends.start(self._acked(lane, events, end, saves, epoch))
+                    ending = self.ends.start(end)
                     cp.clean = True
             finally:
                 # a stop or a crash lets the last group end first; a stop (the state that of
                 # whole groups) writes a last checkpoint and acks them
                 if ending is not None:
-                    await self.save_now(lane)
+                    await cp.commit_now(self.ends)
 
-    async def _refine(self, events: list[Any], lane: Lane, epoch: int) -> tuple[End, bool]:
-        """Refine a group and hand its outputs to the producer; returns the coroutine that
-        ends the group (wait for the outputs' acknowledgements, then write the state when a
-        checkpoint is due) and whether it writes one."""
+    async def _refine(
+        self, events: list[Any], lane: Lane, epoch: int
+    ) -> tuple[list[Delivery], list[OutMessage] | None]:
+        """Refine a group and hand its outputs to the producer; returns their deliveries and,
+        when a checkpoint is due, its state (:meth:`Checkpoint.take`)."""
         progress, cp = self.progress, lane.cp
         progress.last_group_started = time.monotonic()
         if not progress.groups and not self.feed.wait_caught_up(0):
@@ -102,13 +118,13 @@ class GroupRunner:
             sent = await self._refine_chunks(events, lane)
             # a checkpoint's state is encoded now (the next group changes this refiner's
             # state) and sent only once the outputs of its groups are acknowledged
-            changelog = lane.take() if cp.due() and cp.epoch == epoch else None
+            changelog = cp.take() if cp.due() and cp.epoch == epoch else None
         progress.groups += 1
         progress.records += len(events)
         progress.last_group_done = time.monotonic()
         if self.gc_pacer.maybe():  # between groups: the one full collection it takes
             self.telemetry.record("worker.gc_settle_s", self.gc_pacer.last_pause_s, unit="s")
-        return self._end(sent, changelog), changelog is not None
+        return sent, changelog
 
     async def _refine_chunks(self, events: list[Any], lane: Lane) -> list[Delivery]:
         now = time.time_ns()
@@ -132,51 +148,17 @@ class GroupRunner:
         tally.report(self.telemetry)
         return sent
 
-    async def _end(self, sent: list[Delivery], changelog: list[OutMessage] | None) -> None:
-        await self.outputs.wait(sent)  # outputs acknowledged first
-        if changelog is not None:  # then the state; the caller acks the groups after
-            await self.outputs.publish(changelog)
-
-    async def _acked(
-        self, lane: Lane, events: list[Any], end: End, saves: bool, epoch: int
-    ) -> None:
-        cp = lane.cp
-        await end
-        if epoch != cp.epoch:  # revoked meanwhile: no checkpoint holds this group, it replays
-            return
-        cp.ended += events
-        if saves:  # the checkpoint covers this group and every one before it
-            done, cp.ended = cp.ended, []
-            for ev in done:
-                await cp.stream.ack(ev)
-
-    async def save_now(self, lane: Lane) -> None:
-        """Write the state and ack every group refined so far, when the state is that after
-        whole groups whose ends are all done (a stop, a revocation, input pausing);
-        otherwise leave them to a later checkpoint or to replay."""
-        cp, ends = lane.cp, self.ends
-        await ends.settle()
-        if not (cp.clean and ends.idle and ends.error is None and cp.waiting()):
-            return
-        changelog = lane.take()
-        events, cp.ended = cp.ended, []
-        await self.outputs.publish(changelog)
-        for ev in events:
-            await cp.stream.ack(ev)
-
     async def checkpoint_paused(self) -> None:
-        """Input paused: the last groups are written and acked without waiting for more."""
+        """Input paused: the last groups are committed without waiting for more."""
         for lane in self.lanes:
-            cp = lane.cp
-            if cp.clean and self.ends.idle and cp.waiting() and cp.due():
-                await self.save_now(lane)
+            await lane.cp.commit_if_due(self.ends)
 
     async def revoked(self, _partitions: set[Any]) -> None:
         """Another worker may own the partitions now: the groups refined so far end first
         (outputs, state, acks), so that their offsets commit now and none of them is replayed
         there (unless one was being refined: then those not in a checkpoint replay)."""
         for lane in self.lanes:
-            await self.save_now(lane)
+            await lane.cp.commit_now(self.ends)
         for lane in self.lanes:
             lane.cp.drop()
         for lane in self.lanes:

@@ -1,7 +1,7 @@
 """What the worker checks on the cluster before it starts.
 
 The worker keeps each stream's state in the Faust tables' changelog topics, every record on
-the partition of the input record that changed it (``services.worker.checkpoints``): the
+the partition of the input record that changed it (``services.worker.checkpoint``): the
 changelog topics have as many partitions as the input topics they follow, and each key's
 state is on the partition its node's records go to.
 The raw topic's partitions are raised with its state by ``refinery worker grow``

@@ -7,7 +7,7 @@ from typing import Any
 
 from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME
 
-from services.worker.refiner import RawRecord
+from services.worker.refiner_outputs import RawRecord
 
 
 def raw_record(m: Any) -> RawRecord:

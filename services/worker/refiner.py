@@ -9,12 +9,15 @@ exactly one accounting message (outcome ``refined``, ``duplicate``, ``replay`` o
 ``deadletter``) so the invariant ``input = refined + deduplicated + quarantined`` can be
 checked per raw partition.
 
-State is loaded lazily per stream and node through the ``load_stream``/``load_node``
-callables (the Faust tables) and written back by the caller at checkpoints from
-:meth:`Refiner.dirty_blobs`. A record whose (source, seq) was already processed *at the same
-Kafka position* is a replay after a crash: its outputs were published before the state that
-remembers it was checkpointed (the worker flushes outputs first), so it is skipped — outcome
-``replay`` — and nothing is published twice.
+State is one object, :class:`~services.worker.refiner_state.RefinerState`: loaded lazily
+per stream and node through the ``load_stream``/``load_node`` callables (the Faust tables),
+written back by the caller at checkpoints from :meth:`Refiner.dirty_blobs`, and put back as
+it was when an attempt at refining raises (see :mod:`services.worker.guard`).
+
+A record whose (source, seq) was already processed *at the same Kafka position* is a replay
+after a crash: its outputs were published before the state that remembers it was
+checkpointed (the worker flushes outputs first), so it is skipped — outcome ``replay`` — and
+nothing is published twice.
 """
 
 from __future__ import annotations
@@ -25,10 +28,9 @@ from collections.abc import Callable
 from pipelines.refine.aligned import align_records
 from pipelines.refine.batch import refine_group
 from pipelines.refine.clock import ClockEstimator
-from pipelines.refine.counters import CounterState
 from pipelines.refine.dedupe import SeqWindow
 from pipelines.refine.enrich import TopologyIndex
-from pipelines.refine.types import Joined, RawBatch, RefineResult, RefineSettings, RefineState
+from pipelines.refine.types import Joined, RawBatch, RefineResult, RefineSettings
 from schemas.catalog import Catalog
 from schemas.codec import ARROW, content_type_of, decode, ipc_stream
 from schemas.errors import RejectedInput
@@ -37,8 +39,7 @@ from schemas.reasons import Reason
 from schemas.wire import Batch, PayloadKind
 from services.kafka.internals import refused_detail
 from services.kafka.outputs import OutMessage
-from services.worker.clock_alerts import ClockAlerts
-from services.worker.guard import Undo, detail_of, failed, recoverable
+from services.worker.guard import recoverable
 from services.worker.refiner_ingest import Decoded, decode_ingest
 from services.worker.refiner_outputs import (
     Outcome,
@@ -46,10 +47,12 @@ from services.worker.refiner_outputs import (
     OutputTopics,
     RawRecord,
     accounting,
+    detail_of,
+    failed,
     rejected_record,
     sample_dead_letters,
 )
-from services.worker.state import StreamState, decode_overlap, encode_overlap
+from services.worker.refiner_state import RefinerState
 from services.worker.waves import ZSTD, ipc_with, wave_messages
 
 log = logging.getLogger(__name__)
@@ -74,76 +77,21 @@ class Refiner:
         self.ingest = ingest  # topics of foreign formats (schemas.ingest); None: native only
         self.topics = topics
         self._topology = topology
-        self._load_stream = load_stream
-        self._load_node = load_node
         self.settings = settings or RefineSettings(seq_window=512)
-        self.state = RefineState()
-        self._loaded_streams: dict[str, str] = {}  # stream key -> current source key
-        self._loaded_nodes: set[str] = set()
+        # everything it remembers, in one object (the checkpoints write it to the tables)
+        self.state = RefinerState(topics.alerts, self.settings.clock, load_stream, load_node)
         self._create_time_topics: set[str] = set()
-        self.alerts = ClockAlerts(topics.alerts)  # per stream: clock flagged, since when
-        self._dirty_streams: set[str] = set()
-        self._dirty_nodes: set[str] = set()
         self._sets: dict[int, Joined] = {}  # record index -> its joined set, while refining
 
     # -- state ------------------------------------------------------------------------------
 
     def forget(self) -> None:
-        """Drop in-memory state (partitions were revoked); it reloads from the tables. The
-        layouts shared between sources are kept: they depend on no source's state."""
-        self.state = RefineState(shared_layouts=self.state.shared_layouts)
-        self._loaded_streams.clear()
-        self._loaded_nodes.clear()
-        self.alerts.clear()
-        self._dirty_streams.clear()
-        self._dirty_nodes.clear()
-
-    def _ensure(self, batch: Batch) -> None:
-        src = batch.envelope.source
-        stream, key = src.stream_key(), src.key()
-        if stream not in self._loaded_streams:
-            blob = self._load_stream(stream)
-            if blob is not None:
-                ss = StreamState.decode(blob, self.settings.clock)
-                if ss.seqs is not None and ss.boot_id is not None:
-                    self.state.seqs[f"{stream}|{ss.boot_id}"] = ss.seqs
-                if ss.clock is not None:
-                    self.state.clocks[stream] = ss.clock
-                self.state.counters[stream] = ss.counters
-                if ss.watermark is not None:
-                    self.state.watermarks[stream] = ss.watermark
-                self.alerts.load(stream, ss.clock_flagged, ss.clock_onset)
-            self._loaded_streams[stream] = key
-        elif self._loaded_streams[stream] != key:
-            self._loaded_streams[stream] = key  # a new boot of the source
-        if src.node not in self._loaded_nodes:
-            blob = self._load_node(src.node)
-            if blob is not None:
-                self.state.overlaps[src.node] = decode_overlap(blob)
-            self._loaded_nodes.add(src.node)
+        """Drop in-memory state (partitions were revoked); it reloads from the tables."""
+        self.state.forget()
 
     def dirty_blobs(self) -> tuple[dict[str, bytes], dict[str, bytes]]:
         """(stream key → blob, node → blob) changed since the last call."""
-        streams = {}
-        for stream in self._dirty_streams:
-            key = self._loaded_streams[stream]
-            streams[stream] = StreamState(
-                boot_id=key.rsplit("|", 1)[1],
-                seqs=self.state.seqs.get(key),
-                clock=self.state.clocks.get(stream),
-                counters=self.state.counters.get(stream) or CounterState(),
-                watermark=self.state.watermarks.get(stream),
-                clock_flagged=self.alerts.flagged(stream),
-                clock_onset=self.alerts.onset(stream),
-            ).encode()
-        nodes = {
-            n: encode_overlap(self.state.overlaps[n])
-            for n in self._dirty_nodes
-            if n in self.state.overlaps
-        }
-        self._dirty_streams.clear()
-        self._dirty_nodes.clear()
-        return streams, nodes
+        return self.state.dirty_blobs()
 
     # -- processing -------------------------------------------------------------------------
 
@@ -184,13 +132,13 @@ class Refiner:
                     raise got
                 batch = self._decode(rec, ct)
             except RejectedInput as e:
-                outs[i] = self._reject_record(rec, ct, e, now_ns)
+                outs[i] = rejected_record(self.topics, rec, ct, e, now_ns)
                 continue
             except Exception as e:  # a decoder's bug: this record's failure, no one else's
                 if not recoverable(e):
                     raise
                 bad = RejectedInput(Reason.UNDECODABLE, detail_of(e))
-                outs[i] = self._reject_record(rec, ct, bad, now_ns)
+                outs[i] = rejected_record(self.topics, rec, ct, bad, now_ns)
                 continue
             outs[i] = self._replay(rec, batch)
             if outs[i] is not None:
@@ -207,9 +155,9 @@ class Refiner:
     def _replay(self, rec: RawRecord, batch: Batch) -> Outcome | None:
         """The outcome of a record whose (source, seq) was processed at this very Kafka
         position (a replay after a crash), else None; loads the source's state."""
-        self._ensure(batch)
+        self.state.load(batch)
         src = batch.envelope.source
-        window = self.state.seqs.get(src.key())
+        window = self.state.refine.seqs.get(src.key())
         if window is not None and window.positions.get(batch.envelope.seq) == (
             rec.partition,
             rec.offset,
@@ -224,14 +172,14 @@ class Refiner:
         """Refine ``items`` (samples batches, or one events or collectives record) into
         ``outs``; if that raises, put their state back and refine them one at a time, each
         that raises again dead-lettered whole (see :mod:`services.worker.guard`)."""
-        undo = Undo(self.state, self.alerts, [b for _, _, b in items])
+        snap = self.state.snapshot([b for _, _, b in items])
         try:
             self._refine_items(items, outs, now_ns)
             return
         except Exception as e:
             if not recoverable(e):
                 raise
-            undo.restore()
+            self.state.restore(snap)
             if len(items) > 1:
                 log.warning("refining %d records raised %s; refining them one by one",
                             len(items), detail_of(e))  # fmt: skip
@@ -239,13 +187,13 @@ class Refiner:
                 outs[items[0][0]] = failed(self.topics, *items[0][1:], e, now_ns)
                 return
         for item in items:
-            undo = Undo(self.state, self.alerts, [item[2]])
+            snap = self.state.snapshot([item[2]])
             try:
                 self._refine_items([item], outs, now_ns)
             except Exception as e:
                 if not recoverable(e):
                     raise
-                undo.restore()
+                self.state.restore(snap)
                 outs[item[0]] = failed(self.topics, *item[1:], e, now_ns)
 
     def _refine_items(
@@ -260,7 +208,7 @@ class Refiner:
                            self._log_append(r), r.topic, self._sets.get(i) if len(items) > 1
                            else None) for i, r, b in pending]  # fmt: skip
         results = refine_group(
-            items_, self.state, self.catalog, self._topology(), now_ns, self.settings
+            items_, self.state.refine, self.catalog, self._topology(), now_ns, self.settings
         )
         refined: list[tuple[int, RawRecord, Batch, RefineResult]] = []
         for (i, r, b), res in zip(pending, results, strict=True):
@@ -287,11 +235,11 @@ class Refiner:
     def _samples(self, rec: RawRecord, batch: Batch, r: RefineResult, now_ns: int) -> Outcome:
         src = batch.envelope.source
         stream = src.stream_key()
-        self._dirty_streams.add(stream)
-        self._dirty_nodes.add(src.node)
+        self.state.mark(stream, src.node)
         msgs, reasons = sample_dead_letters(self.topics, rec, src.node, r, now_ns)
         msgs.append(
-            self._accounting(
+            accounting(
+                self.topics,
                 rec,
                 r.outcome,
                 r.input,
@@ -302,7 +250,7 @@ class Refiner:
                 ts_max=r.newest_ns,
             )
         )
-        msgs += self.alerts.observe(stream, src.node, r, now_ns, rec)
+        msgs += self.state.alerts.observe(stream, src.node, r, now_ns, rec)
         fresh = None
         if r.newest_ns is not None:
             fresh = rec.append_ms * 1_000_000 - r.newest_ns
@@ -325,16 +273,17 @@ class Refiner:
         stream = src.stream_key()
         position = (rec.partition, rec.offset)
         n = batch.table.num_rows
-        window = self.state.seqs.get(src.key())
+        st = self.state.refine
+        window = st.seqs.get(src.key())
         if window is None:
-            window = self.state.seqs[src.key()] = SeqWindow(window=self.settings.seq_window)
-        self._dirty_streams.add(stream)
+            window = st.seqs[src.key()] = SeqWindow(window=self.settings.seq_window)
+        self.state.mark(stream)
         if window.observe(batch.envelope.seq, position).is_duplicate:
-            acc = self._accounting(rec, "duplicate", n, 0, n, 0, src.node)
+            acc = accounting(self.topics, rec, "duplicate", n, 0, n, 0, src.node)
             return Outcome([acc], "duplicate", n, 0, n, 0, {}, stream, None, None)
-        clock = self.state.clocks.get(stream)
+        clock = st.clocks.get(stream)
         if clock is None:
-            clock = self.state.clocks[stream] = ClockEstimator(self.settings.clock)
+            clock = st.clocks[stream] = ClockEstimator(self.settings.clock)
         arrival = rec.append_ms * 1_000_000 if self._log_append(rec) else None
         est = clock.observe(batch.envelope.sent_ns, arrival, batch.envelope.clock, rec.partition)
         table = align_records(batch, est, position, rec.topic)
@@ -353,7 +302,7 @@ class Refiner:
                 f"{table.num_rows} aligned rows are {len(value)} bytes with zstd > {limit}"
             )
         msgs = [OutMessage(topic, key, value, [("content-type", ARROW.encode())])]
-        msgs.append(self._accounting(rec, "refined", n, n, 0, 0, src.node))
+        msgs.append(accounting(self.topics, rec, "refined", n, n, 0, 0, src.node))
         return Outcome(msgs, "refined", n, n, 0, 0, {}, stream, est.offset_ns, None, est)
 
     def _log_append(self, rec: RawRecord) -> bool:
@@ -367,26 +316,3 @@ class Refiner:
                 rec.topic,
             )
         return rec.log_append
-
-    # -- outputs ----------------------------------------------------------------------------
-
-    def _reject_record(
-        self, rec: RawRecord, ct: str | None, e: RejectedInput, now_ns: int
-    ) -> Outcome:
-        return rejected_record(self.topics, rec, ct, e, now_ns)
-
-    def _accounting(
-        self,
-        rec: RawRecord,
-        outcome: str,
-        n: int,
-        refined: int,
-        dup: int,
-        quarantined: int,
-        node: str | None,
-        reason: str | None = None,
-        ts_max: int | None = None,
-    ) -> OutMessage:
-        return accounting(
-            self.topics, rec, outcome, n, refined, dup, quarantined, node, reason, ts_max
-        )

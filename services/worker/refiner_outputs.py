@@ -2,13 +2,14 @@
 for a record (accounting, dead letters) whatever became of it.
 
 Every dead letter the worker sends is built by :func:`dead_letter`: a record rejected whole
-(:func:`rejected_record`, and :func:`services.worker.guard.failed` for one whose refining
-raised) or the rejected rows of a refined one (:func:`sample_dead_letters`).
+(:func:`rejected_record`, and :func:`failed` for one whose refining raised) or the rejected
+rows of a refined one (:func:`sample_dead_letters`).
 """
 
 from __future__ import annotations
 
 import base64
+import logging
 from dataclasses import dataclass
 
 from pipelines.refine.clock import ClockEstimate
@@ -19,7 +20,10 @@ from schemas.ingest.assemble import RejectedSamples
 from schemas.reasons import Reason
 from schemas.records import DeadLetter, compact_json
 from schemas.topics import TOPICS
+from schemas.wire import Batch
 from services.kafka.outputs import OutMessage
+
+log = logging.getLogger(__name__)
 
 
 class OutputTooLarge(ValueError):
@@ -84,6 +88,26 @@ def rejected_record(
     n = e.samples if isinstance(e, RejectedSamples) else 0
     return dead_lettered(topics, rec, e.reason, e.detail, key=rec.key or b"", node=node,
                          ct=ct, samples=n, stream=None, now_ns=now_ns)  # fmt: skip
+
+
+def detail_of(e: BaseException) -> str:
+    return f"{type(e).__name__}: {e}"[:1024]
+
+
+def failed(
+    topics: OutputTopics, rec: RawRecord, batch: Batch, e: Exception, now_ns: int
+) -> Outcome:
+    """The outcome of a record whose refining raised (:mod:`services.worker.guard`):
+    dead-lettered whole (its samples quarantined), its state as before it."""
+    too_large = isinstance(e, OutputTooLarge)
+    reason = Reason.OUTPUT_TOO_LARGE if too_large else Reason.REFINE_FAILED
+    if not too_large:  # a bug: its traceback is worth a log line
+        log.warning("%s[%d]@%d: refining raised; dead-lettered", rec.topic, rec.partition,
+                    rec.offset, exc_info=e)  # fmt: skip
+    src = batch.envelope.source
+    return dead_lettered(topics, rec, reason, detail_of(e), key=src.node.encode(), node=src.node,
+                         ct=content_type_of(rec.headers), samples=batch.table.num_rows,
+                         stream=src.stream_key(), now_ns=now_ns)  # fmt: skip
 
 
 def dead_lettered(

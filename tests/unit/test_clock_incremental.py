@@ -189,7 +189,7 @@ def _refine(recs: list[RawRecord], clocks: dict[str, ClockEstimator] | None) -> 
                       lambda _: None, RefineSettings(seq_window=512, declared=timing),
                       IngestDecoder({"lp": "influx", "cd": "collectd_counters"}))  # fmt: skip
     if clocks is not None:
-        refiner.state.clocks.update(clocks)
+        refiner.state.refine.clocks.update(clocks)
     out: list[Outcome] = []
     for i in range(0, len(recs), 100):
         out += refiner.process_group(recs[i : i + 100], T0 + 60 * S)
@@ -206,7 +206,7 @@ def test_ingest_records_refine_as_with_the_old_algorithms() -> None:
                     lambda _: None, lambda _: None, RefineSettings(seq_window=512),
                     IngestDecoder({"lp": "influx", "cd": "collectd_counters"}))  # fmt: skip
     probe.process_group(recs, T0)
-    streams = list(probe.state.clocks)
+    streams = list(probe.state.refine.clocks)
     assert len(streams) == 6
     clocks: dict[str, ClockEstimator] = {s: _Reference(ClockSettings()) for s in streams}
     want = _refine(recs, clocks)

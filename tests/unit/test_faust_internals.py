@@ -11,10 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import faust
-import pytest
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
-from aiokafka.client import AIOKafkaClient
-from faust.exceptions import NotReady
+from aiokafka import AIOKafkaConsumer
 from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP, Message
 
@@ -72,15 +69,3 @@ def test_a_store_write_without_changelog_and_its_record_read_back_by_recovery(
 
     asyncio.run(recover())
     assert table[b"k2"] == b"blob2"
-
-
-def test_the_producer_client_is_aiokafkas_and_takes_a_topic_list(tmp_path: Path) -> None:
-    # Faust's producer holds aiokafka's, whose client keeps the list of topics it tracks
-    ensure = inspect.getsource(faust_aiokafka.Producer._ensure_producer)
-    assert "return self._producer" in ensure
-    assert "self.client = AIOKafkaClient(" in inspect.getsource(AIOKafkaProducer.__init__)
-    # set_topics replaces the tracked list and returns an awaitable metadata update
-    assert list(inspect.signature(AIOKafkaClient.set_topics).parameters) == ["self", "topics"]
-    assert "self._topics = set(topics)" in inspect.getsource(AIOKafkaClient.set_topics)
-    with pytest.raises(NotReady):  # before the app's producer starts
-        internals.producer_client(_app(tmp_path))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from services.worker.checkpoints import GroupEnds
+from services.worker.checkpoint import GroupEnds
 
 
 def test_a_failed_end_is_kept_and_settle_waits_for_the_others() -> None:

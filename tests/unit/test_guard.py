@@ -18,8 +18,9 @@ from schemas.codec import ARROW, encode
 from schemas.records import refined_lineage
 from schemas.wire import Batch, ClockBlock
 from services.kafka.outputs import OutMessage
-from services.worker.guard import CLONED, clone, recoverable
+from services.worker.guard import recoverable
 from services.worker.refiner import Outcome, OutputTopics, RawRecord, Refiner
+from services.worker.refiner_state import CLONED, clone
 from services.worker.state import StreamState, decode_overlap
 from tests.unit.test_refine import CAT, NOW, TOPO, S, batch, ctr
 
@@ -223,8 +224,9 @@ def test_property_poison_anywhere_in_any_grouping_fails_alone(
 
 
 def test_undo_knows_every_part_of_the_refine_state() -> None:
-    """Fails when RefineState gains a field: ``Undo`` (services/worker/guard.py) must put it
-    back after a failed attempt, or say here why it need not (a cache)."""
+    """Fails when RefineState gains a field: ``RefinerState.snapshot`` and ``restore``
+    (services/worker/refiner_state.py) must put it back after a failed attempt, or say here
+    why it need not (a cache)."""
     from pipelines.refine.batch import RefineState
 
     put_back = {"seqs", "clocks", "counters", "overlaps", "watermarks"}

@@ -52,7 +52,7 @@ def _wave() -> pa.RecordBatch:
             continue
         if b.envelope.kind is PayloadKind.SAMPLES and b.table.num_rows:
             items.append(RawBatch(b, (0, r.offset), r.append_ms * 1_000_000))
-    res = refine_group(items, ref.state, ref.catalog, topo, T0 + 10 * S, ref.settings)
+    res = refine_group(items, ref.state.refine, ref.catalog, topo, T0 + 10 * S, ref.settings)
     wave = next(r.wave_rows for r in res if r.wave_rows is not None)
     return wave.combine_chunks().to_batches()[0]
 
