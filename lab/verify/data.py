@@ -105,6 +105,9 @@ class ClockFigures:
     wide: int = 0  # rows bounded wider than WIDE_BOUND_NS
     by_basis: dict[str, BasisBounds] = field(default_factory=dict)  # NULL basis: "unknown"
     worst_sources: list[dict[str, Any]] = field(default_factory=list)  # most out of bound
+    # most rows bounded wider than WIDE_BOUND_NS: source, wide, rows, how many of them in
+    # the source's first 5 s (its start-up), the widest bound
+    wide_sources: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def samples(self) -> int:
@@ -202,8 +205,28 @@ def clock_figures(
     rows = [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
     e50, e99, emax, b50, b99 = (float(x) for x in row[3:])
     return ClockFigures(
-        int(row[0]), int(row[1]), e50, e99, emax, b50, b99, int(row[2]), basis, rows
-    )
+        int(row[0]), int(row[1]), e50, e99, emax, b50, b99, int(row[2]), basis, rows,
+        wide_sources(con, table, worst),
+    )  # fmt: skip
+
+
+def wide_sources(
+    con: duckdb.DuckDBPyConnection, table: str, worst: int = 5
+) -> list[dict[str, Any]]:
+    """The sources with the most rows bounded wider than :data:`WIDE_BOUND_NS` in the joined
+    rows ``table``: how many, of how many rows, how many of them in the source's first 5 s
+    (a start-up's wide bounds, before its exchanges are short), and the widest bound."""
+    cur = con.execute(f"""
+        WITH s AS (SELECT *, true_ns - min(true_ns) OVER (PARTITION BY source) AS since
+                   FROM {table})
+        SELECT source, count(*) FILTER (WHERE bound > {WIDE_BOUND_NS}) AS wide,
+               count(*) AS rows,
+               count(*) FILTER (WHERE bound > {WIDE_BOUND_NS} AND since < 5e9) AS at_start,
+               max(bound) AS bound_max_ns
+        FROM s GROUP BY ALL HAVING count(*) FILTER (WHERE bound > {WIDE_BOUND_NS}) > 0
+        ORDER BY wide DESC, source LIMIT {int(worst)}""")
+    names = [c[0] for c in cur.description]
+    return [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
 
 
 def data_counts(con: duckdb.DuckDBPyConnection) -> dict[str, Counts]:

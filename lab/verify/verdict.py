@@ -289,6 +289,12 @@ def render(v: Verdict) -> str:
                 f"    out of bound: {name} {w['source']}  {w['out_of_bound']} of {w['rows']} "
                 f"(max {_ms(w['err_max_ns'])})"
             )
+        for w in k.wide_sources[:3]:
+            lines.append(
+                f"    wide bounds: {name} {w['source']}  {w['wide']} of {w['rows']} wider than "
+                f"{_ms(WIDE_BOUND_NS)}, {w['at_start']} of them in its first 5 s "
+                f"(widest {_ms(w['bound_max_ns'])})"
+            )
     if not r.real_time:
         lines.append(
             "    clocks not judged: faster than real time, simulated clocks run ahead of the "

@@ -71,7 +71,6 @@ State is bounded: ``window`` points plus a few step candidates.
 from __future__ import annotations
 
 import itertools
-import math
 import struct
 from collections import deque
 from dataclasses import dataclass, field, replace
@@ -80,7 +79,8 @@ from typing import Any
 import numpy as np
 
 from pipelines.refine._packed import PackedRows
-from pipelines.refine.clock_bounds import MS, STEP_TOL_NS, drift_rate, exchanges_of, hard_interval
+from pipelines.refine.clock_bounds import exchanges_of, hard_interval
+from pipelines.refine.clock_declared import DECLARED_POINTS, declared_estimate
 from pipelines.refine.clock_hull import (
     BENDS,
     SCATTER_EVERY,
@@ -123,7 +123,7 @@ __all__ = [
 
 _EXCESS_KEPT = 32
 # how many of a source's last points bound a declared send delay (:meth:`_declared`)
-_DECLARED_POINTS = 32
+_DECLARED_POINTS = DECLARED_POINTS
 
 
 @dataclass
@@ -155,8 +155,7 @@ class ClockEstimator:
     _xsum: int | None = field(default=None, repr=False, compare=False)
     # neighbouring points whose x decreases (a restart keeps its step candidates in arrival
     # order): the hull is not kept up to date while there are any. Equal x (a burst sent at
-    # one time) keeps it: the chain's vertices then depend on the points' order, and
-    # :func:`hull_without_first` rebuilds as far as that can matter.
+    # one time) keeps it: of a burst only its last highest point is a vertex.
     _unordered: int | None = field(default=None, repr=False, compare=False)
     # the points packed as int64 pairs (points come at the right and leave at the left): for
     # the gap statistics and the checkpoint, packed anew only when the points were replaced
@@ -210,78 +209,10 @@ class ClockEstimator:
         return est
 
     def _declared(self, x: int, declared: DeclaredTiming) -> ClockEstimate:
-        """The estimate of a producer without exchanges whose rows wait at most
-        ``delay_max_ns`` between their stamp and their append (declared per topic: Telegraf
-        stamps at collection and sends at its flush, seconds later; the Collector's batch
-        processor holds rows for up to 200 ms). Each of the last points (``S``, ``S - A``)
-        bounds the offset to ``[S - A - 1 ms, S - A + delay_max]``, widened by the drift
-        since; they are intersected newest first. Where one does not meet the newer ones
-        (a step of the source's clock, or a flush of rows older than declared: without
-        exchanges the two look alike), the bound spans both. A declared clock error ``E``
-        (the site's hosts within ``E`` of the broker) narrows it to ``[-E, E]`` where the
-        two meet; where they do not, the declaration is proven false for this source and is
-        left out (``widened`` "clock_error"). The point is the model's, held inside; the
-        bound reaches the interval's farther end (``basis`` "declared")."""
-        delay_max_ns = declared.send_delay_max_ns
-        rate = drift_rate(self.settings.exchange_drift_ppm)
-        met = self._declared_meet(x, delay_max_ns, rate)
-        lo, hi = met if met is not None else self._declared_walk(x, delay_max_ns, rate)
-        widened = None
-        e = declared.clock_error_ns
-        if e is not None:
-            if max(lo, -e) <= min(hi, e):
-                lo, hi = max(lo, -e), min(hi, e)
-            else:
-                widened = "clock_error"
-        model = self.last.offset_at(x) if self.last is not UNKNOWN else (lo + hi) // 2
-        offset = min(max(model, lo), hi)
-        last = self.last  # what ``replace`` gives, ~3 µs sooner a record
-        error = max(offset - lo, hi - offset) + 1
-        return ClockEstimate(offset, x, 0.0, error, last.points, last.converged, last.step,
-                             last.disagreement_ns, widened, "declared", rate)  # fmt: skip
-
-    def _declared_meet(self, x: int, delay_max_ns: int, rate: float) -> tuple[int, int] | None:
-        """The intersection of the last points' intervals (:meth:`_declared`) when it is not
-        empty, else None. Then every interval meets those newer than it, so the walk of
-        :meth:`_declared_walk` intersects them all without a break: this is its result.
-        The points of one send time (a burst of one-metric messages) share their widening:
-        it is computed once per send time, from their highest and lowest ``S - A``."""
-        lo, hi = -(2**62), 2**62
-        gx = None
-        top = low = 0
-        for px, py in itertools.islice(reversed(self.points), _DECLARED_POINTS):
-            if px == gx:
-                if py > top:
-                    top = py
-                elif py < low:
-                    low = py
-                continue
-            if gx is not None:
-                w = STEP_TOL_NS + math.ceil(rate * abs(x - gx))
-                lo, hi = max(lo, top - MS - w), min(hi, low + delay_max_ns + w)
-            gx, top, low = px, py, py
-        if gx is not None:
-            w = STEP_TOL_NS + math.ceil(rate * abs(x - gx))
-            lo, hi = max(lo, top - MS - w), min(hi, low + delay_max_ns + w)
-        return (lo, hi) if lo <= hi else None
-
-    def _declared_walk(self, x: int, delay_max_ns: int, rate: float) -> tuple[int, int]:
-        """The points' intervals intersected newest first; where one does not meet the
-        newer ones a second run starts, and the bound spans the first two runs."""
-        runs: list[tuple[int, int]] = []
-        lo, hi = -(2**62), 2**62
-        for px, py in itertools.islice(reversed(self.points), _DECLARED_POINTS):
-            w = STEP_TOL_NS + math.ceil(rate * abs(x - px))
-            a, b = py - MS - w, py + delay_max_ns + w
-            if a > hi or b < lo:
-                runs.append((lo, hi))
-                if len(runs) == 2:
-                    break
-                lo, hi = a, b
-            else:
-                lo, hi = max(lo, a), min(hi, b)
-        runs.append((lo, hi))
-        return min(r[0] for r in runs[:2]), max(r[1] for r in runs[:2])
+        """The estimate of a producer without exchanges whose topic declares its send delay
+        (:func:`pipelines.refine.clock_declared.declared_estimate`)."""
+        drift = self.settings.exchange_drift_ppm
+        return declared_estimate(self.points, self.last, x, declared, drift)
 
     def _calibrate(self, x: int, clock: ClockBlock) -> None:
         """Keep how far the model's offset at ``x`` may lie beyond its bound: its distance
@@ -367,7 +298,7 @@ class ClockEstimator:
         if self._unordered is not None and self.points and self.points[0][0] < gone[0]:
             self._unordered -= 1
         runs = self._runs
-        if runs is not None and not (self.points and run_drop_first(runs, gone, self.points[0])):
+        if runs is not None and not (self.points and run_drop_first(runs, gone, self.points)):
             runs = self._runs = None
         hull, self._hull = self._hull, None
         if hull is not None and hull[0] is gone and self.points:

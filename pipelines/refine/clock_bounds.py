@@ -36,8 +36,10 @@ from dataclasses import dataclass, field
 
 MS = 1_000_000
 DRIFT_PPM = 500.0
-# how many exchanges an exporter carries in a batch's clock block
-CARRIED = 4
+# how many exchanges an exporter carries in a batch's clock block: the newest three and the
+# two that bound the offset at the batch tightest from below and from above (see
+# :meth:`ExchangeLog.carried`)
+CARRIED = 5
 # how far one reading of the setting (the wall clock against the raw monotonic one, read a
 # few µs apart) may be off: every exchange's interval is widened by as much
 STEP_TOL_NS = 50_000
@@ -80,6 +82,12 @@ def _widen(dt_ns: int, drift_ppm: float) -> int:
     :data:`STEP_TOL_NS` for the reading of the setting. Rounded up."""
     ppb = round(drift_ppm * 1000)
     return STEP_TOL_NS - (-abs(dt_ns) * ppb // (1_000_000_000 - ppb))
+
+
+def drift_allowance(dt_ns: int, drift_ppm: float = DRIFT_PPM) -> int:
+    """How far the offset can drift while the source clock advances by ``|dt_ns|``
+    (:func:`_widen` without the tolerance of reading the setting). Rounded up."""
+    return _widen(dt_ns, drift_ppm) - STEP_TOL_NS
 
 
 def drift_rate(drift_ppm: float = DRIFT_PPM) -> float:
@@ -138,9 +146,9 @@ def hard_interval(
 
 @dataclass
 class ExchangeLog:
-    """An exporter's recent exchanges: the newest few and the tightest of the last
-    ``keep_ns`` (see :meth:`carried`). Pure: the caller hands it its wall and raw monotonic
-    readings.
+    """An exporter's recent exchanges of the last ``keep_ns``: a batch carries the newest few
+    and the tightest, widened to its time (see :meth:`carried`). Pure: the caller hands it its
+    wall and raw monotonic readings.
 
     The wall clock moves against the raw monotonic clock (``CLOCK_MONOTONIC_RAW``: the
     oscillator alone, never stepped nor slewed by a time daemon) by exactly what the daemon
@@ -162,9 +170,11 @@ class ExchangeLog:
     _items: list[tuple[Exchange, int, int]] | None = None
     _skew: int | None = None  # wall - raw at the last check
     _raw: int | None = None  # raw reading of the last check
-    # the settings read lately: (raw reading, wall - raw)
-    _checks: deque[tuple[int, int]] = field(default_factory=lambda: deque(maxlen=4096))
-    # per source of the batches: the raw reading when its last batch was given exchanges
+    # the settings read lately: (number of the read, raw reading, wall - raw)
+    _checks: deque[tuple[int, int, int]] = field(default_factory=lambda: deque(maxlen=4096))
+    _reads: int = 0  # how many checks so far
+    # per source of the batches: the number of the read its last batch was given exchanges
+    # on (not its raw reading: a row may be stamped on a reading equal to its send's)
     _batch_at: dict[str, int] = field(default_factory=dict)
     # what the last :meth:`for_batch` widened by: the lowest and highest setting of its rows
     # less the setting of its send (<= 0, >= 0), carried in the clock block as ``stamps_ns``
@@ -189,7 +199,8 @@ class ExchangeLog:
         no setting of its own."""
         self._skew = wall_ns - raw_ns
         self._raw = raw_ns
-        self._checks.append((raw_ns, self._skew))
+        self._reads += 1
+        self._checks.append((self._reads, raw_ns, self._skew))
 
     def stamps_since(self, source: str) -> tuple[int, int, int] | None:
         """The lowest and highest setting read since ``source``'s last batch (its rows
@@ -198,18 +209,18 @@ class ExchangeLog:
         if not self._checks:
             return None
         since = self._batch_at.get(source)
-        seen = []  # newest first, back to that batch's own read (the reads are in raw order)
-        for raw, k in reversed(self._checks):
-            if since is not None and raw < since:
+        seen = []  # newest first, back to that batch's own read
+        for n, raw, k in reversed(self._checks):
+            if since is not None and n < since:
                 break
-            seen.append((raw, k))
+            seen.append((n, raw, k))
         seen.reverse()
         if not seen:
             seen = [self._checks[-1]]
-        ks = [k for _, k in seen]
+        ks = [k for _, _, k in seen]
         # the first stamp: the first read after that batch's own (at its send)
-        after = [raw for raw, _ in seen if since is None or raw > since]
-        return min(ks), max(ks), after[0] if after else self._checks[-1][0]
+        after = [raw for n, raw, _ in seen if since is None or n > since]
+        return min(ks), max(ks), after[0] if after else self._checks[-1][1]
 
     def for_batch(
         self,
@@ -244,7 +255,7 @@ class ExchangeLog:
         if skew is None:
             return out
         if self._raw is not None:
-            self._batch_at[source] = self._raw
+            self._batch_at[source] = self._reads
         lo = min(0, stamps[0] - skew) if stamps is not None else 0
         hi = max(0, stamps[1] - skew) if stamps is not None else 0
         self.last_stamps = (lo, hi)
@@ -260,7 +271,10 @@ class ExchangeLog:
         self, partition: int | None = None, skew: int | None = None, acked_by: int | None = None
     ) -> list[Exchange]:
         """What a batch carries: on ``partition`` (None: the newest exchange's), the
-        newest ``newest`` exchanges and the tightest of the rest, at most :data:`CARRIED`,
+        newest ``newest`` exchanges and of all, the one whose upper end and the one whose
+        lower end, widened by the drift since, lie tightest (an old exchange with a short
+        round trip can beat the newest: its width is its round trip, the drift adds
+        500 ppm of its age), at most :data:`CARRIED`,
         each on the setting ``skew`` of the wall clock (``wall - raw`` when the batch was
         sent; None: at the last :meth:`check`, else as taken); with ``acked_by``, only those
         acknowledged by that raw reading."""
@@ -273,10 +287,18 @@ class ExchangeLog:
         items = [_on_setting(e, k0, k1, skew) for e, k0, k1 in kept]
         part = items[-1].partition if partition is None else partition
         mine = [e for e in items if e.partition == part]
-        recent = mine[-self.newest :]
-        rest = mine[: -self.newest] if len(mine) > self.newest else []
-        extra = sorted(rest, key=lambda e: e.width)[: max(0, CARRIED - len(recent))]
-        return sorted(extra + recent, key=lambda e: e.sent_ns)
+        chosen = mine[-self.newest :]
+        if len(mine) > len(chosen):
+            # widened to any later time t, an exchange's ends are lo - r(t - S) and
+            # hi + r(t - S): which bounds tightest from below and from above is the same
+            # for every t, the batch's rows included
+            r = drift_rate()
+            by_hi = min(mine, key=lambda e: e.hi - r * e.sent_ns)
+            by_lo = max(mine, key=lambda e: e.lo + r * e.sent_ns)
+            for e in (by_hi, by_lo):
+                if len(chosen) < CARRIED and all(e is not c for c in chosen):
+                    chosen.append(e)
+        return sorted(chosen, key=lambda e: e.sent_ns)
 
 
 def _on_setting(e: Exchange, k_sent: int, k_ack: int, skew: int | None) -> Exchange:

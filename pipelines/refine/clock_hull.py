@@ -145,40 +145,31 @@ def run_push(runs: deque[Run], p: tuple[int, int]) -> None:
         runs.append((1, p, p, p))
 
 
-def run_drop_first(runs: deque[Run], gone: tuple[int, int], new_first: Any) -> bool:
-    """The first point ``gone`` left (``new_first``: the points' first now); False when it
-    was not the first run's first (the runs are then to be taken anew). The first run's
-    highest is not kept up to date: :func:`run_points` does not read it."""
+def run_drop_first(runs: deque[Run], gone: tuple[int, int], points: deque[tuple[int, int]]) -> bool:
+    """The first point ``gone`` left (``points``: the points now, without it); False when it
+    was not the first run's first (the runs are then to be taken anew). When ``gone`` was
+    the first run's last highest point, the run's rest is read again for its highest."""
     n, first, last, top = runs[0]
     if first is not gone:
         return False
     if n == 1:
         runs.popleft()
-    else:
-        runs[0] = (n - 1, new_first, last, top)
+        return True
+    if top is gone:
+        top = points[0]
+        for p in itertools.islice(points, 1, n - 1):
+            if p[1] >= top[1]:
+                top = p
+    runs[0] = (n - 1, points[0], last, top)
     return True
 
 
 def run_points(runs: deque[Run]) -> list[tuple[int, int]]:
     """The points whose :func:`upper_hull` is that of all the points of ``runs``, vertex
-    for vertex (the same tuples): the first run's first and last, each later run's last
-    highest point, and the last run's last after it.
-
-    The monotone chain keeps, of a run at the bottom of its stack, the first point and the
-    last (each later one at that x pops the one before: their cross product is 0). Of a run
-    further on, a point at or above an earlier one pops it and every vertex it popped (at
-    one x, the higher point lies on or above every line the lower one does), so the run
-    leaves its last highest point; a lower point after that stays on top of it only until
-    the next run's first point pops it (the vertical edge turns left). So the chain run
-    over these points ends with the stack it ends with over all of them: a burst of
-    one-metric messages (many points at one send time) is one or two points here."""
-    n, first, last, _ = runs[0]
-    out = [first, last] if n > 1 else [first]
-    if len(runs) > 1:
-        out.extend(r[3] for r in itertools.islice(runs, 1, len(runs) - 1))
-        _, _, last, top = runs[-1]
-        out += [top] if last is top else [top, last]
-    return out
+    for vertex (the same tuples): each run's last highest point (:func:`hull_push` leaves
+    no other point of a run on the hull). A burst of one-metric messages (many points at one
+    send time) is one point here."""
+    return [r[3] for r in runs]
 
 
 def hull_without_first(
@@ -190,9 +181,9 @@ def hull_without_first(
     then on: at a vertex ``h`` of the old hull that it holds on top, when the point below it
     keeps ``h`` from being popped by every later point that the old run's vertex below ``h``
     kept it from (see :func:`_kept_alike`); the old vertices after ``h`` follow unchanged.
-    Equal x (a burst sent at one time) makes the chain's vertices depend on the points'
-    order: the check holds only where that cannot differ."""
-    if len(hull) > 1 and _on_first_edge(pts[0], hull[0], hull[1]):
+    Of a burst sent at one time only its last highest point is a vertex (:func:`hull_push`)."""
+    alone = len(pts) < 2 or pts[1][0] != pts[0][0]  # else a later point at its x is the vertex
+    if len(hull) > 1 and alone and _on_first_edge(pts[0], hull[0], hull[1]):
         return [pts[0], *hull[1:]]
     left: list[tuple[int, int]] = []
     j = 1
@@ -242,7 +233,17 @@ def _kept_alike(
 
 
 def hull_push(hull: list[tuple[int, int]], p: tuple[int, int]) -> None:
-    """One step of the monotone chain: ``p`` (at or right of the hull's last x) joins it."""
+    """One step of the monotone chain: ``p`` (at or right of the hull's last x) joins it.
+
+    Of points at one x only the highest can be a vertex of the upper hull (the last of the
+    highest: a later one at or above the last vertex replaces it; one below it is left out).
+    The cross product of points at one x is 0, so the plain chain kept the first and the last
+    of a burst at its bottom, whatever their heights: a burst at the window's left end whose
+    highest point came neither first nor last left the hull below that point (issue #42)."""
+    if hull and hull[-1][0] == p[0]:
+        if p[1] < hull[-1][1]:
+            return
+        hull.pop()
     while len(hull) >= 2:
         o, a = hull[-2], hull[-1]
         if (a[0] - o[0]) * (p[1] - o[1]) - (a[1] - o[1]) * (p[0] - o[0]) >= 0:

@@ -16,6 +16,8 @@ import pyarrow.compute as pc
 from pipelines._arrow import Array
 from pipelines.refine.clock_bounds import (
     DRIFT_PPM,
+    Exchange,
+    drift_allowance,
     drift_rate,
     exchanges_of,
     hard_interval,
@@ -120,52 +122,87 @@ def bounded(
     drift_ppm: float = DRIFT_PPM,
     append: tuple[int, int] | None = None,
 ) -> ClockEstimate:
-    """``est`` held to the hard interval ``[lo, hi]`` the clock block's exchanges give at
-    source time ``x`` (:func:`pipelines.refine.clock_bounds.hard_interval`).
+    """``est`` held to the hard interval ``[lo, hi]`` the clock block's exchanges give
+    (:func:`pipelines.refine.clock_bounds.hard_interval`), for a batch sent at source time
+    ``x``.
 
     The offset is the interval's middle, or, where the model's own interval ``offset ±
     error`` is narrower and meets it, the middle of the two's intersection: the model
     tightens the point, never the bound. The bound is the offset's distance to the hard
-    interval's farther end, growing by ``|drift| + drift_ppm`` per ns away from ``x``.
+    interval's farther end, growing by ``|drift| + drift_ppm`` per ns away from its anchor.
     ``est`` as it is without exchanges.
+
+    The anchor is ``x`` or the newest exchange's ack, whichever gives the smaller bound: a
+    batch's rows were stamped between the two (an exporter carries only exchanges
+    acknowledged before its first row was stamped), and the interval at any ``t`` lies in
+    the one at the anchor widened by the drift over ``|t - anchor|``, so either holds for
+    every row; from the ack, a row stamped early is not charged the drift of the way to ``x``
+    and back.
 
     ``append``: ``(append time ns, partition)`` of the batch's own record. When it is on the
     exchanges' partition, the bound reaches down to :func:`own_floor` too (less the rows'
     ``stamps_ns``), where that is lower: a machine paused since the exchanges (its clocks
-    stood still) lies below them, never below its own record's floor. The point stays where
+    stood still) lies below them, never below its own record's floor. The floor holds at
+    ``x``; at an anchor before it, lower by the drift between the two. The point stays where
     the exchanges put it."""
     if clock is None or not clock.exchanges:
         return est
     exchanges = exchanges_of(clock.exchanges)
-    hard = hard_interval(exchanges, x, drift_ppm)
-    if hard is None:
+    if not exchanges:
         return est
-    lo, hi, _ = hard
-    floor = lo
-    if append is not None and exchanges:
-        newest = max(exchanges, key=lambda e: e.sent_ns)
-        if newest.partition == append[1]:
-            below = min(0, clock.stamps_ns[0]) if clock.stamps_ns else 0
-            floor = min(lo, own_floor(x, append[0]) + below)
-    a, b = lo, hi
-    if est is not UNKNOWN and 2 * est.error_ns < hi - lo:
-        m = est.offset_at(x)
-        a2, b2 = max(lo, m - est.error_ns), min(hi, m + est.error_ns)
-        if a2 <= b2:
-            a, b = a2, b2
-    offset = (a + b) // 2
+    newest = max(exchanges, key=lambda e: e.sent_ns)
+    floor = None
+    if append is not None and newest.partition == append[1]:
+        below = min(0, clock.stamps_ns[0]) if clock.stamps_ns else 0
+        floor = own_floor(x, append[0]) + below
+    best: tuple[int, int, int] | None = None
+    for at in dict.fromkeys((x, min(x, newest.ack_ns))):
+        got = _held(est, exchanges, at, x, floor, drift_ppm)
+        if got is not None and (best is None or got[1] < best[1]):
+            best = (got[0], got[1], at)
+    if best is None:
+        return est
+    offset, error, at = best
     drift = min(max(est.drift_ppm, -drift_ppm), drift_ppm)
     return replace(
         est,
         offset_ns=offset,
-        anchor_ns=x,
+        anchor_ns=at,
         drift_ppm=drift,
-        # +1: the offset applied to a row is rounded to the ns
-        error_ns=max(offset - floor, hi - offset) + 1,
+        error_ns=error,
         widened=None,
         basis="exchange",
         error_rate=abs(drift) * 1e-6 + drift_rate(drift_ppm),
     )
+
+
+def _held(
+    est: ClockEstimate,
+    exchanges: list[Exchange],
+    at: int,
+    x: int,
+    floor: int | None,
+    drift_ppm: float,
+) -> tuple[int, int] | None:
+    """``(offset, error)`` at source time ``at`` (see :func:`bounded`); ``floor``: the
+    record's own floor at ``x``, None when it does not apply."""
+    hard = hard_interval(exchanges, at, drift_ppm)
+    if hard is None:
+        return None
+    lo, hi, _ = hard
+    low = lo
+    if floor is not None:
+        # the floor holds at x; at ``at`` the offset may lie lower by the drift between
+        low = min(lo, floor - drift_allowance(x - at, drift_ppm))
+    a, b = lo, hi
+    if est is not UNKNOWN and 2 * est.error_ns < hi - lo:
+        m = est.offset_at(at)
+        a2, b2 = max(lo, m - est.error_ns), min(hi, m + est.error_ns)
+        if a2 <= b2:
+            a, b = a2, b2
+    offset = (a + b) // 2
+    # +1: the offset applied to a row is rounded to the ns
+    return offset, max(offset - low, hi - offset) + 1
 
 
 def align(ts_source: Array, estimate: ClockEstimate) -> tuple[Array, Array, int]:

@@ -41,7 +41,14 @@ class World:
     pauses: list[tuple[int, int]] = field(default_factory=list)  # (start, length)
 
     def raw(self, t: int) -> int:
-        lost = sum(min(max(t - at, 0), n) for at, n in self.pauses)
+        # the time stood still before t: the pauses' union (two that overlap stop the clock
+        # once; counted twice, the raw clock would run backwards, which no clock does)
+        lost, end = 0, None
+        for at, n in sorted(self.pauses):
+            a, b = max(at, end) if end is not None else at, min(at + n, t)
+            if b > a:
+                lost += b - a
+            end = max(end, at + n) if end is not None else at + n
         return t + self.off0 + round(self.ppm * 1e-6 * (t - T0)) - lost
 
     def adj(self, t: int) -> int:
@@ -212,9 +219,11 @@ def test_intervals_intersect_over_time_and_a_round_trip_sets_the_width() -> None
         t = T0 + i * S
         assert log.add(*_exchange(w, t, 300_000, 200_000))
     carried = log.carried()
-    assert len(carried) == 4
+    # the newest three; the tightest from below and from above are among them (equal round
+    # trips: the newest is widened least)
+    assert len(carried) == 3
     lo, hi, used = hard_interval(carried, w.wall(T0 + 10 * S)) or (0, 0, 0)
-    assert used == 4
+    assert used == 3
     assert lo <= w.offset(T0 + 10 * S) <= hi
     # 0.5 ms round trip + 1 ms of append resolution + drift (1 s, both sides) and step tolerance
     assert hi - lo <= 1_500_000 + 2 * STEP_TOL_NS + 2 * 501 * 1_000
@@ -230,8 +239,9 @@ def test_a_step_seen_by_the_exporter_carries_the_older_exchanges_onto_the_new_se
         log.add(*_exchange(w, T0 + i * S, 100_000, 100_000))
     assert log.add(*_exchange(w, T0 + 5 * S - 50_000, 100_000, 100_000))  # straddles
     log.check(w.wall(T0 + 6 * S), w.mono(T0 + 6 * S))
-    lo, hi, used = hard_interval(log.carried(), w.wall(T0 + 6 * S)) or (0, 0, 0)
-    assert used == 4 and lo <= 2 * S <= hi and hi - lo < 3 * MS
+    carried = log.carried()
+    lo, hi, used = hard_interval(carried, w.wall(T0 + 6 * S)) or (0, 0, 0)
+    assert used == len(carried) >= 3 and lo <= 2 * S <= hi and hi - lo < 3 * MS
     # a batch stamped before the step (its setting given) gets them as taken
     lo, hi, _ = hard_interval(log.carried(skew=0), w.wall(T0 + 5 * S)) or (0, 0, 0)
     assert lo <= 0 <= hi and hi - lo < 3 * MS
@@ -322,7 +332,9 @@ def test_refined_rows_say_what_their_bound_rests_on_and_grow_off_the_anchor() ->
     rows = _refine([t1 - S + off, t1 + off], 2, t1 + off, t1 + 400_000, block, state)
     assert {r["clock_basis"] for r in rows} == {"exchange"}
     older, newer = rows
-    assert older["clock_error_ns"] > newer["clock_error_ns"]  # 1 s further from the anchor
+    # the bound grows off the newest exchange's ack (the rows were stamped after it), not off
+    # the send: the older row is 1 s nearer the exchanges
+    assert older["clock_error_ns"] < newer["clock_error_ns"]
     for r, true_ts in zip(rows, (t1 - S, t1), strict=True):
         assert isinstance(r["ts"], int) and isinstance(r["clock_error_ns"], int)
         assert abs(r["ts"] - true_ts) <= r["clock_error_ns"] < 3 * MS

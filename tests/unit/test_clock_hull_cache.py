@@ -3,6 +3,7 @@ times included) gives exactly the estimates of a hull rebuilt from the points ea
 
 from __future__ import annotations
 
+import itertools
 import random
 from collections import deque
 
@@ -93,3 +94,41 @@ def test_property_a_hull_without_its_first_point_is_the_one_built_again(
     hull = upper_hull(pts)
     pts.popleft()
     assert hull_without_first(hull, pts) == upper_hull(pts)
+
+
+def _below_or_on(hull: list[tuple[int, int]], p: tuple[int, int]) -> bool:
+    """Whether ``p`` lies on or below the hull's chain (exact integers)."""
+    if p[0] < hull[0][0] or p[0] > hull[-1][0]:
+        return False
+    for (ax, ay), (bx, by) in itertools.pairwise(hull):
+        if ax <= p[0] <= bx and bx > ax:
+            return (bx - ax) * (p[1] - ay) <= (by - ay) * (p[0] - ax)
+    return all(p[1] <= h[1] for h in hull if h[0] == p[0])
+
+
+def test_a_burst_at_the_left_end_keeps_its_highest_point_on_the_hull() -> None:
+    # issue #42: the chain kept a bottom burst's first and last point, whatever their heights
+    pts = deque([(0, -5), (0, 0), (0, -3), (10, -20), (20, -1)])
+    hull = upper_hull(pts)
+    assert hull == [(0, 0), (20, -1)]
+    assert all(_below_or_on(hull, p) for p in pts)
+
+
+@settings(max_examples=400, deadline=None)
+@given(xs=st.lists(st.tuples(st.integers(0, 6), st.integers(-5, 5)), min_size=1, max_size=40))
+def test_property_every_point_lies_on_or_below_the_hull_and_each_x_has_one_vertex(
+    xs: list[tuple[int, int]],
+) -> None:
+    pts = deque(sorted(xs, key=lambda p: p[0]))  # equal x keep their given order of y
+    hull = upper_hull(pts)
+    assert all(_below_or_on(hull, p) for p in pts)
+    assert [h[0] for h in hull] == sorted({h[0] for h in hull})  # no two vertices at one x
+    for h in hull:
+        assert h[1] == max(p[1] for p in pts if p[0] == h[0])
+    # and the line the estimator fits lies above every point: no point above it
+    est = ClockEstimator(ClockSettings(window=64, min_fit_points=2, step_threshold_ns=10**9))
+    for x, y in pts:
+        est.points.append((T0 + x, y))
+    est._hull = None
+    a, b, xa, _ = est._line()
+    assert all(a + b * (x - xa) >= y - 1e-6 for x, y in est.points)
