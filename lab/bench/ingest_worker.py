@@ -1,10 +1,13 @@
 """End-to-end worker rate of each ingest format: a backlog on the format's ingest topic, one
 worker (a subprocess, as deployed), its CPU seconds per refined sample.
 
-    REFINERY_BOOTSTRAP_SERVERS=host:port python -m lab.bench.ingest_worker [ADAPTER ...]
+    REFINERY_BOOTSTRAP_SERVERS=host:port python -m lab.bench.ingest_worker [--warm] [ADAPTER ...]
 
 Topics are created under a fresh prefix. The worker's CPU (utime + stime from /proc) is
-counted from its first accounting record on, so start-up is left out. Adapters are those of
+counted from its first accounting record on, so start-up is left out; with ``--warm``, from
+the first after every host's first burst (one-line messages: 300 hosts x 64 lines), so
+what is timed is a worker that knows its sources' series and state, as one running for
+hours does, not the first sight of each. Adapters are those of
 :mod:`lab.bench.ingest`, sent by 100 hosts (one-line messages by 300), as a site's
 agents would send them: one-metric messages in each host's burst of its series (Telegraf's
 flush, a line per CPU; collectd's value list per interface), keyed by host.
@@ -92,10 +95,13 @@ class Timed:
     outcomes: dict[str | None, int]
 
 
-def worker_rate(bootstrap: str, a: Adapter, n: int, hosts: int, prefix: str | None = None) -> Timed:
+def worker_rate(
+    bootstrap: str, a: Adapter, n: int, hosts: int, prefix: str | None = None, warm: int = 0
+) -> Timed:
     """The worker's records, CPU seconds and refined samples from its first accounting
-    record on, of ``n`` messages of ``a``, on the topics under ``prefix`` (None: created
-    here under a fresh one)."""
+    record on (``warm`` > 0: from the first after ``warm`` records, when every host has
+    sent its first burst and its series, streams and state are known), of ``n`` messages
+    of ``a``, on the topics under ``prefix`` (None: created here under a fresh one)."""
     if prefix is None:
         prefix = f"b{uuid.uuid4().hex[:8]}."
         apply_topics({"bootstrap.servers": bootstrap}, load_topic_specs(prefix=prefix))
@@ -114,13 +120,13 @@ def worker_rate(bootstrap: str, a: Adapter, n: int, hosts: int, prefix: str | No
         try:
             while got < n and time.monotonic() < deadline:
                 # one at a time until the first: the CPU is counted from it on
-                got_now = c.consume(1000 if got else 1, 0.5)
+                got_now = c.consume(1000 if cpu0 is not None or got + 1000 < warm else 1, 0.5)
                 docs = [json.loads(m.value() or b"{}") for m in got_now if m.error() is None]
                 if cpu0 is not None:
                     outcomes.update(d.get("outcome") or d.get("reason") for d in docs)
                     refined += sum(int(d.get("refined_samples") or 0) for d in docs)
                 got += len(docs)
-                if cpu0 is None and got:
+                if cpu0 is None and got and got >= warm:
                     cpu0, first = _cpu_s(w.pid), got
             cpu = _cpu_s(w.pid) - (cpu0 or 0.0)
         finally:
@@ -232,11 +238,18 @@ def main(argv: list[str] | None = None) -> int:
             f"{lat[len(lat) // 2] if lat else -1} ms, p99 {q} ms, max {lat[-1] if lat else -1} ms"
         )
         return 0
+    warm = "--warm" in names  # time each host's later bursts only (its state known)
+    names = [x for x in names if x != "--warm"]
     for a in adapters():
         if (names and a.name not in names) or a.format not in TOPICS:
             continue
         one_line = a.samples <= 64
-        w = worker_rate(bootstrap, a, 6000 if one_line else 600, 300 if one_line else 100)
+        hosts = 300 if one_line else 100
+        n, first = (6000 if one_line else 600), 0
+        if warm:  # a first interval of every host, then two timed
+            first = hosts * a.burst
+            n = max(n, 3 * first)
+        w = worker_rate(bootstrap, a, n, hosts, warm=first)
         records, cpu = w.records, w.cpu_s
         rate = w.refined_samples / cpu if cpu else float("nan")
         per_s = records / cpu if cpu else float("nan")

@@ -323,14 +323,19 @@ def drop_overlaps(
         (known is not None and state.gens.get(source) == known)
         or (column(old, "metric").equals(metric) and column(old, "device").equals(device))
     )
-    mine_metrics = (
-        _metrics_of(state, source) if same_series else frozenset(pc.unique(metric).to_pylist())
-    )
+    # the batch's metrics are needed only when the node has another source with points
+    # (most nodes have one: then they are left for :func:`_metrics_of` to find if asked)
+    mine_metrics: frozenset[str] | None = None
+    if any(src != source and t.num_rows for src, t in state.sources.items()):
+        mine_metrics = (
+            _metrics_of(state, source) if same_series else frozenset(pc.unique(metric).to_pylist())
+        )
     others = [
         src
         for src, t in state.sources.items()
-        if src != source and t.num_rows and not mine_metrics.isdisjoint(_metrics_of(state, src))
-    ]
+        if src != source and t.num_rows and mine_metrics is not None
+        and not mine_metrics.isdisjoint(_metrics_of(state, src))
+    ]  # fmt: skip
     dup_count = 0
     keep = None
     points = None  # the rows' point keys, built only when another source shares a metric
@@ -354,7 +359,10 @@ def drop_overlaps(
         sources[source] = mine  # same series as last time: a plain replacement
         if points is not None:
             keys[source] = points
-        metrics[source] = mine_metrics
+        if mine_metrics is not None:
+            metrics[source] = mine_metrics
+        elif same_series and source in state.metrics:
+            metrics[source] = state.metrics[source]
         if known is not None and not dup_count:  # the batch's rows, all of them
             gens[source] = known
     else:

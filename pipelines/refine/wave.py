@@ -15,14 +15,13 @@ moved, its counters continue theirs.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipelines._arrow import column, repeat_strings, true_mask
-from pipelines.refine.aligned import in_int64
+from pipelines._arrow import column, true_mask
 from pipelines.refine.clock import ClockEstimate, ClockEstimator, row_errors
 from pipelines.refine.counters import CounterLayout, CounterPart, CounterState, derive_rates_group
 from pipelines.refine.decode import StateDecoder
@@ -37,6 +36,7 @@ from pipelines.refine.types import (
     RefineState,
 )
 from pipelines.refine.validate import LayoutCache, RejectedRows, reject_detail, validate_samples
+from pipelines.refine.wave_columns import SOURCE_COLUMNS, align_rows, per_batch
 from schemas.catalog import Catalog
 from schemas.records import REFINED_SCHEMA
 from schemas.wire import SourceId
@@ -98,9 +98,10 @@ def refine_wave(
         return [r for r in out if r is not None]
     members = [m for u in units for m in u.members]
     rows = _rows(units, state, catalog, now_ns, settings)
-    per = _per_batch(members, rows.counts)
+    per = per_batch([u.source for u in units], [len(u.members) for u in units],
+                    [x.item for x in members], [x.clock for x in members], rows.counts)  # fmt: skip
     ts_source = column(rows.acc, "ts_ns")
-    ts, offset = _align_rows(ts_source, [x.clock for x in members], per)
+    ts, offset = align_rows(ts_source, [x.clock for x in members], per)
     error = column(per, "clock_error_ns")
     if any(x.clock.error_rate for x in members):  # bounds from exchanges grow off their anchor
         error = row_errors(ts_source, column(per, "anchor_ns"), error, column(per, "error_rate"))
@@ -131,7 +132,7 @@ def refine_wave(
         "late": late_all,
         "decoded": decoder.decode(acc),
         **{name: column(enr, name) for name in enr.column_names},
-        **{name: column(per, name) for name in _SOURCE_COLUMNS},
+        **{name: column(per, name) for name in SOURCE_COLUMNS},
     }
     refined = pa.Table.from_arrays([arrays[f.name] for f in REFINED_SCHEMA], schema=REFINED_SCHEMA)
     rstart = rows.rstart.tolist()
@@ -161,28 +162,33 @@ def _observe(
     units: list[_Unit] = []
     i = 0
     for batches in wave:
+        # the batches of a unit share their source and topic (a joined set is one source's
+        # records of one topic partition): its keys, seq window and clock are found once
+        head = batches[0]
+        src = head.batch.envelope.source
+        key, stream = src.key(), src.stream_key()
+        seqs = state.seqs.get(key)
+        if seqs is None:
+            seqs = state.seqs[key] = SeqWindow(window=settings.seq_window)
+        declared = settings.declared.get(head.topic) if head.topic else None
+        clock: ClockEstimator | None = None
         live: list[_Member] = []
         for item in batches:
             env = item.batch.envelope
-            src = env.source
             n = item.batch.table.num_rows
-            seqs = state.seqs.get(src.key())
-            if seqs is None:
-                seqs = state.seqs[src.key()] = SeqWindow(window=settings.seq_window)
             seq_outcome = seqs.observe(env.seq, item.position)
             if seq_outcome.is_duplicate:
                 out[i] = RefineResult([], DUPLICATE, seq_outcome, n, 0, n, 0, None, False)
             else:
-                clock = state.clocks.get(src.stream_key())
                 if clock is None:
-                    clock = state.clocks[src.stream_key()] = ClockEstimator(settings.clock)
+                    clock = state.clocks.get(stream)
+                    if clock is None:
+                        clock = state.clocks[stream] = ClockEstimator(settings.clock)
                 arrival = item.log_append_ns if item.log_append else None
-                declared = settings.declared.get(item.topic) if item.topic else None
                 est = clock.observe(env.sent_ns, arrival, env.clock, item.position[0], declared)
                 live.append(_Member(i, item, seq_outcome, est, n))
             i += 1
         if live:
-            src = live[0].item.batch.envelope.source
             units.append(_Unit(live, _table(batches, live), src, _layout(state, src)))
     first: dict[str, int] = {}
     for u in units:
@@ -293,9 +299,14 @@ def _counters(units: list[_Unit], rows: _Rows, ts: Any, state: RefineState) -> A
     """Counters: every stream of the wave in one pass, each with its own state."""
     spans = _unit_spans(units, rows)
     keys = [u.source.stream_key() for u in units]
+    # a unit of several records (one-metric messages of a joined set) keeps no counter
+    # layout: its rows are a run of messages cut where the group is, so its layout seldom
+    # repeats, and layouts are used only when every unit of the wave matches its own
+    # (remembering one cost ~0.2 ms a unit for nothing); a record alone keeps its own
     cparts = [
         CounterPart(m, u.source.boot_id, state.counters.get(keys[j], CounterState()),
-                    state.counter_layouts.setdefault(keys[j], CounterLayout()),
+                    None if len(u.members) > 1 else state.counter_layouts.setdefault(
+                        keys[j], CounterLayout()),
                     # every row kept: its columns are those validation's layout was found for
                     u.layout.gen if m == u.rows else None)
         for j, (u, (_, m)) in enumerate(zip(units, spans, strict=True))
@@ -350,60 +361,3 @@ def _enrich(units: list[_Unit], rows: _Rows, ts: Any, topology: TopologyIndex) -
         parts.append(topology.enrich(u.source.node, device.slice(lo, m), ts.slice(lo, m), span))
     # one contiguous array per column, concatenated in one call (2.6x faster than per column)
     return parts[0] if len(parts) == 1 else pa.concat_tables(parts).combine_chunks()
-
-
-_SOURCE_COLUMNS = (
-    "exporter", "instance", "boot_id", "seq", "raw_partition", "raw_offset", "raw_topic"
-)  # fmt: skip
-
-
-def _per_batch(members: list[_Member], counts: Any) -> pa.Table:
-    """One row per batch of the wave (its source, raw position and clock estimate) repeated
-    ``counts[j]`` times: the per-row columns of those values, each built by one repeat
-    (numpy for numbers, :func:`repeat_strings` for strings) rather than a take."""
-    srcs = [x.item.batch.envelope.source for x in members]
-    clocks = [in_int64(x.clock) for x in members]  # int64 columns, whatever the estimator says
-
-    def rep(values: list[Any], dtype: Any) -> Any:
-        return pa.array(np.repeat(np.array(values, dtype=dtype), counts))
-
-    return pa.table(
-        {
-            "node": repeat_strings([s.node for s in srcs], counts),
-            "exporter": repeat_strings([s.exporter for s in srcs], counts),
-            "instance": repeat_strings([s.instance for s in srcs], counts),
-            "boot_id": repeat_strings([s.boot_id for s in srcs], counts),
-            "seq": rep([x.item.batch.envelope.seq for x in members], np.int64),
-            "raw_partition": rep([x.item.position[0] for x in members], np.int32),
-            "raw_offset": rep([x.item.position[1] for x in members], np.int64),
-            "raw_topic": _repeat_topics([x.item.topic for x in members], counts),
-            "clock_offset_ns": rep([c.offset_ns for c in clocks], np.int64),
-            "clock_error_ns": rep([c.error_ns for c in clocks], np.int64),
-            "anchor_ns": rep([c.anchor_ns for c in clocks], np.int64),
-            "drift": rep([c.drift_ppm * 1e-6 for c in clocks], np.float64),
-            "error_rate": rep([c.error_rate for c in clocks], np.float64),
-            "clock_basis": repeat_strings([c.basis for c in clocks], counts),
-        }
-    )
-
-
-def _repeat_topics(topics: list[str | None], counts: Any) -> Any:
-    """The raw topic of each batch repeated over its rows (NULL where not told)."""
-    if None not in topics:
-        return repeat_strings(cast(list[str], topics), counts)
-    if all(t is None for t in topics):
-        return pa.nulls(int(np.sum(counts)), pa.string())
-    return pa.array(np.repeat(np.array(topics, dtype=object), counts), pa.string())
-
-
-def _align_rows(ts_source: Any, clocks: list[ClockEstimate], per: pa.Table) -> tuple[Any, Any]:
-    """Aligned ts and the offset applied, each row with its own batch's estimate
-    (the arithmetic of :func:`pipelines.refine.clock.align`, the estimate's values per row
-    in ``per``)."""
-    ts = pc.cast(ts_source, pa.int64())
-    offsets = column(per, "clock_offset_ns")
-    if all(c.drift_ppm == 0.0 for c in clocks):
-        return pc.subtract(ts, offsets), offsets
-    dt = pc.cast(pc.subtract(ts, column(per, "anchor_ns")), pa.float64())
-    off = pc.add(pc.cast(pc.round(pc.multiply(dt, column(per, "drift"))), pa.int64()), offsets)
-    return pc.subtract(ts, off), off

@@ -37,12 +37,13 @@ from schemas.errors import RejectedInput
 from schemas.ingest.assemble import Points, Position, assemble
 from schemas.ingest.collectd import decode_collectd, decode_collectd_many
 from schemas.ingest.influx import decode_influx, decode_influx_many
-from schemas.ingest.many import Decoded, Unit, assemble_many
+from schemas.ingest.many import Decoded, assemble_many
 from schemas.ingest.mapping import Mapping as SeriesMapping
 from schemas.ingest.mapping import load_mapping
 from schemas.ingest.otlp import decode_otlp
 from schemas.ingest.otlp_json import decode_otlp_json_many
 from schemas.ingest.prom import decode_prometheus
+from schemas.ingest.unit import Unit
 from schemas.reasons import Reason
 from schemas.wire import Batch
 

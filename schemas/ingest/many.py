@@ -40,42 +40,11 @@ from schemas.ingest.assemble import (
     no_node,
 )
 from schemas.ingest.mapping import Family, Mapping
+from schemas.ingest.unit import Unit
 from schemas.reasons import Reason
 from schemas.wire import (
     SAMPLES_SCHEMA,
-    SCHEMA_VERSION,
-    Batch,
-    Envelope,
-    PayloadKind,
-    SourceId,
-    constructed_like,
 )
-
-
-@dataclass
-class Unit:
-    """Messages of one source decoded together: ``table`` holds their rows in message
-    order, ``counts[k]`` rows of message ``members[k]`` (an index into the decoded list),
-    sent (its newest sample's time) at ``sent_ns[k]``."""
-
-    source: SourceId
-    table: pa.Table
-    members: list[int]
-    counts: list[int]
-    sent_ns: list[int]
-
-    def batches(self, positions: list[Position]) -> list[Batch]:
-        """Each member's own batch (its rows a slice of ``table``; ``seq`` its offset)."""
-        out, row, like = [], 0, constructed_like
-        env0 = Envelope.model_construct(source=self.source, seq=0, sent_ns=0, clock=None,
-                                        schema_version=SCHEMA_VERSION, interval_ns=None,
-                                        kind=PayloadKind.SAMPLES)  # fmt: skip
-        batch0 = Batch.model_construct(envelope=env0, table=self.table)
-        for m, n, sent in zip(self.members, self.counts, self.sent_ns, strict=True):
-            env = like(env0, {"seq": positions[m].offset, "sent_ns": sent})
-            out.append(like(batch0, {"envelope": env, "table": self.table.slice(row, n)}))
-            row += n
-        return out
 
 
 @dataclass

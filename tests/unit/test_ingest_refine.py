@@ -14,6 +14,7 @@ from schemas.catalog import default_catalog
 from schemas.ingest import IngestDecoder
 from services.kafka.outputs import OutMessage
 from services.worker.refiner import Outcome, OutputTopics, RawRecord, Refiner
+from services.worker.state import decode_overlap
 
 S = 1_000_000_000
 T0 = 1_700_000_000 * S
@@ -116,3 +117,36 @@ def test_a_late_record_in_a_joined_set_is_late_against_its_predecessors() -> Non
     assert together.filter(pa.compute.equal(together["raw_offset"], 53))["late"].to_pylist() == [
         True
     ]
+
+
+def test_groups_of_two_topics_on_shared_nodes_refine_as_their_records_one_at_a_time() -> None:
+    """Line protocol and collectd from the same hosts (two sources a node), interleaved and
+    cut into groups that split each source's records: every group's units (joined sets and
+    records alone) give each record what refining it alone gives, across the groups."""
+    lines = _records("lp", [_line(k) for k in range(30)])
+    lists = [RawRecord("cd", 1, 500 + k, None, _value_list(k), [], r.append_ms)
+             for k, r in enumerate(_records("cd", [b""] * 30))]  # fmt: skip
+    recs = [r for pair in zip(lines, lists, strict=True) for r in pair]
+    now = T0 + 60 * S
+    r = _refiner()
+    together = [o for lo in range(0, len(recs), 7) for o in r.process_group(recs[lo : lo + 7], now)]
+    alone_r = _refiner()
+    alone = [alone_r.process_group([x], now)[0] for x in recs]
+    for a, b in zip(together, alone, strict=True):
+        assert (a.outcome, a.input_samples, a.refined, a.duplicate, a.quarantined) == (
+            b.outcome, b.input_samples, b.refined, b.duplicate, b.quarantined)  # fmt: skip
+        assert a.clock_offset_ns == b.clock_offset_ns
+    rows = _refined(together)
+    assert rows.num_rows == sum(o.refined for o in alone) > 0
+    assert rows.equals(_refined(alone))
+    assert set(rows["raw_topic"].to_pylist()) == {"lp", "cd"}
+    # each node's overlap state as checkpointed: both sources, each with the points of its
+    # last record at least (of its last unit: docs/ingest.md)
+    nodes, nodes_alone = r.dirty_blobs()[1], alone_r.dirty_blobs()[1]
+    assert sorted(nodes) == sorted(nodes_alone) == ["h0", "h1", "h2"]
+    for node, blob in nodes.items():
+        ov, ov_alone = decode_overlap(blob), decode_overlap(nodes_alone[node])
+        assert sorted(ov.sources) == sorted(ov_alone.sources) and len(ov.sources) == 2
+        for src, t in ov.sources.items():
+            points = set(zip(*t.to_pydict().values(), strict=True))
+            assert set(zip(*ov_alone.sources[src].to_pydict().values(), strict=True)) <= points
