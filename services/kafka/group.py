@@ -13,7 +13,7 @@ from typing import Any
 
 import faust
 
-from services.kafka import hooks
+from services.kafka import hooks, internals
 from services.kafka.outputs import OutMessage, OutputProducer
 from services.settings import KafkaSettings
 
@@ -113,7 +113,7 @@ def run_worker(app: faust.App, loglevel: str = "warning", stop_timeout_s: float 
 
     hooks.on_stopping(app, arm_watchdog)
 
-    worker = faust.Worker(app, loglevel=loglevel, quiet=True)
+    worker = internals.without_spinner(faust.Worker(app, loglevel=loglevel, quiet=True))
     code = 0
     try:
         worker.execute_from_commandline()

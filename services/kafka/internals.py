@@ -6,7 +6,8 @@ settings and hooks):
 - :func:`short_fetch_app`: a 50 ms fetch wait instead of Faust's fixed 1.5 s;
 - :func:`declare_gap`: offsets the stream dropped count as acked once a later one is;
 - :func:`set_without_changelog`: a table's state written without Faust sending its changelog
-  record (the worker sends it with its outputs).
+  record (the worker sends it with its outputs);
+- :func:`without_spinner`: a Faust worker that leaves the root logger's level as configured.
 
 Nothing else of the product reaches past Faust's and aiokafka's public API;
 ``tests/unit/test_kafka_adapter.py`` fails if a module outside this one starts to.
@@ -300,3 +301,18 @@ def set_without_changelog(table: Any, key: bytes, value: bytes) -> str:
     producer, so it builds the record itself and writes ``Table.data`` (the store) directly."""
     table.data[key] = value
     return str(table.changelog_topic.get_topic_name())
+
+
+def without_spinner(worker: Any) -> Any:
+    """``worker`` (a ``faust.Worker``) without its terminal spinner; returns it.
+
+    Why: a Faust worker always makes a progress spinner, and when its log level is WARNING or
+    above it sets up the spinner by setting the *root* logger to DEBUG (with the console
+    handler at the requested level): every ``log.debug`` of aiokafka, Faust and mode then
+    builds its record and formats it (aiokafka logs each request's whole struct) for a handler
+    to drop. That cost an idle worker about half its CPU and a loaded one several per cent.
+    ``Worker.spinner`` is a documented attribute; ``None`` is what Faust itself sets below
+    WARNING, and the root logger then keeps the level the service asked for. The spinner only
+    draws on a terminal, which a service does not have."""
+    worker.spinner = None
+    return worker

@@ -69,3 +69,27 @@ def test_a_store_write_without_changelog_and_its_record_read_back_by_recovery(
 
     asyncio.run(recover())
     assert table[b"k2"] == b"blob2"
+
+
+def test_a_worker_without_its_spinner_leaves_the_root_loggers_level_as_configured(
+    tmp_path: Path,
+) -> None:
+    """Faust sets up its spinner by putting the root logger at DEBUG (every aiokafka debug
+    line then built and formatted for nothing); without the spinner the level stays."""
+    import logging
+
+    def level_after_setup(worker: Any) -> int:
+        logger = logging.getLogger(f"refinery-test-root-{id(worker)}")
+        logger.addHandler(logging.NullHandler())
+        logger.setLevel(logging.WARNING)
+        worker.on_setup_root_logger(logger, logging.WARNING)
+        return logger.level
+
+    faust_own = faust.Worker(_app(tmp_path, "spinner"), loglevel="warning", quiet=True)
+    assert faust_own.spinner is not None
+    assert level_after_setup(faust_own) == logging.DEBUG  # why without_spinner exists
+    ours = internals.without_spinner(
+        faust.Worker(_app(tmp_path, "quiet"), loglevel="warning", quiet=True)
+    )
+    assert ours.spinner is None
+    assert level_after_setup(ours) == logging.WARNING
