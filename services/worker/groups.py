@@ -3,7 +3,8 @@ the checkpoint that produces and commits them (:mod:`services.worker.checkpoint`
 place an offset is committed).
 
 Per group (``noack_take``, whose events only the checkpoint acks): fill the gaps the stream
-left (:class:`~services.worker.gaps.GapGuard`), refine it in chunks, pass each record's outcome
+left (:class:`~services.worker.gaps.GapGuard`), refine it in chunks (each handed to the first
+step of the agent's refining chain, :mod:`services.worker.refiner`), pass each record's outcome
 through the dead-letter limit (:class:`~services.worker.guard.DeadLetterStep`), hand each
 chunk's outputs to the output producer, then start the group's end
 (:meth:`Checkpoint.end_group <services.worker.checkpoint.Checkpoint.end_group>`) while the
@@ -134,7 +135,10 @@ class GroupRunner:
         for lo in range(0, len(events), step):
             chunk, recs = await self.guard.with_skipped(events[lo : lo + step])
             pending: list[OutMessage] = []
-            for ev, rec, out in zip(chunk, recs, lane.proc.process_group(recs, now), strict=True):
+            # the refining chain's first step (decode → refine → waves → outputs) hands back
+            # each record's outcome
+            outs = lane.proc.decode.submit(recs, now)
+            for ev, rec, out in zip(chunk, recs, outs, strict=True):
                 # past the dead-letter limit this raises: the chunk's outputs are never sent,
                 # the group never acked, the worker stops
                 lane.dead_letters.submit(out, rec)

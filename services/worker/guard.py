@@ -6,13 +6,14 @@ split or its record dead-lettered), but refining is a lot of code and any bug in
 stop a partition: a record whose refining raises would replay after the crash, raise again,
 and its raw partition would stop for every node on it until retention deletes the data.
 
-So :class:`services.worker.refiner.Refiner` refines a group of records at once, and if that
+So the refine step (:class:`services.worker.refining.RefineStep`) refines a group of records
+at once, and if that
 raises for anything but an infrastructure failure (:func:`recoverable`), puts back the state
 the group changed (:meth:`RefinerState.snapshot
 <services.worker.refiner_state.RefinerState.snapshot>` and ``restore``) and refines its
 records one at a time: each one that raises again is dead-lettered whole (``refine_failed``,
 or ``output_too_large``, with the exception's class in the detail,
-:func:`services.worker.refiner_outputs.failed`) and its state changes put back, the others
+:meth:`services.worker.outcomes.OutputsStep.failed`) and its state changes put back, the others
 are refined as they would have been. A single record's content never stops the worker. This
 module holds no state of the refiner's.
 

@@ -1,7 +1,11 @@
-"""The refined messages of a group (:func:`wave_messages`): each wave's refined rows as one
-record batch (:class:`WaveRows`), cut into runs of one node's adjacent rows (:func:`_runs`),
-each run one message (:func:`refined_messages`) unless that is over the refined topic's
-limit."""
+"""The wave step of the refining chain (:class:`WaveStep`): the refined messages of a group.
+
+:func:`wave_messages` writes each wave's refined rows as one record batch (:class:`WaveRows`),
+cut into runs of one node's adjacent rows (:func:`_runs`), each run one message
+(:func:`refined_messages`) unless that is over the refined topic's limit. The step hands each
+refined record on to the outputs step (:class:`services.worker.outcomes.OutputsStep`) with the
+messages it is the last record of.
+"""
 
 from __future__ import annotations
 
@@ -13,9 +17,38 @@ from schemas.codec import ARROW, ipc_stream_within
 from schemas.records import lineage_header
 from schemas.wire import Batch
 from services.kafka.outputs import OutMessage
-from services.worker.refiner_outputs import OutputTooLarge, OutputTopics, RawRecord
+from services.worker.outcomes import OutputsStep
+from services.worker.refiner_outputs import (
+    ZSTD,
+    Group,
+    OutputTooLarge,
+    OutputTopics,
+    RawRecord,
+    ipc_with,
+)
 
 Item = tuple[int, RawRecord, Batch, RefineResult]  # index in the group, record, batch, result
+
+
+class WaveStep:
+    """Writes the refined messages of refined samples records and submits each record to the
+    outputs step (see the module). Raises :class:`OutputTooLarge` for a record whose rows
+    alone are over the limit (the refine step dead-letters it); keeps nothing between calls.
+    """
+
+    def __init__(self, topics: OutputTopics, outputs: OutputsStep) -> None:
+        self.topics = topics
+        self.outputs = outputs
+
+    def submit(self, group: Group, items: list[Item], alerts: list[list[OutMessage]]) -> None:
+        """``items`` refined together, in group order, each with its clock ``alerts``: each
+        record goes on with the refined messages it is the last record of (one message per
+        run of one node's rows of a wave, its ``lineage`` header naming each record in it)."""
+        fronts: dict[int, list[OutMessage]] = {}
+        for part, msg in wave_messages(self.topics, [x for x in items if x[3].refined_count]):
+            fronts.setdefault(max(i for i, _, _, _ in part), []).insert(0, msg)
+        for (i, rec, batch, res), al in zip(items, alerts, strict=True):
+            self.outputs.samples(group, i, rec, batch, res, fronts.get(i, []), al)
 
 
 def wave_messages(topics: OutputTopics, refined: list[Item]) -> list[tuple[list[Item], OutMessage]]:
@@ -114,16 +147,6 @@ class WaveRows:
             fixed += 1  # its validity bitmap, at a byte per row at most
         size = self.SLACK + 8 * 3 * int(batch.num_columns) + rows * fixed + data
         self.bounds = dict(zip(starts.tolist(), size.tolist(), strict=True))
-
-
-ZSTD = pa.ipc.IpcWriteOptions(compression="zstd")
-
-
-def ipc_with(table: pa.Table | pa.RecordBatch, options: pa.ipc.IpcWriteOptions) -> pa.Buffer:
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema, options=options) as w:
-        w.write(table)
-    return sink.getvalue()
 
 
 def _runs(refined: list[Item]) -> list[list[Item]]:

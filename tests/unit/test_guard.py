@@ -18,6 +18,7 @@ from schemas.codec import ARROW, encode
 from schemas.records import refined_lineage
 from schemas.wire import Batch, ClockBlock
 from services.kafka.outputs import OutMessage
+from services.worker.decoding import DecodeStep
 from services.worker.guard import recoverable
 from services.worker.refiner import Outcome, OutputTopics, RawRecord, Refiner
 from services.worker.refiner_state import CLONED, clone
@@ -32,9 +33,9 @@ from tests.unit.test_refine import CAT, NOW, TOPO, S, batch, ctr
 POISON = ("refinery-test-poison", b"seq")
 
 
-class _LenientRefiner(Refiner):
-    def _decode(self, rec: RawRecord, ct: str | None) -> Batch:
-        b = super()._decode(rec, ct)
+class _LenientDecode(DecodeStep):
+    def decode(self, rec: RawRecord, ct: str | None) -> Batch:
+        b = super().decode(rec, ct)
         if POISON not in rec.headers:
             return b
         env = b.envelope.model_copy(update={"seq": 2**63 + b.envelope.seq})
@@ -53,9 +54,10 @@ def _rec(seq: int, offset: int, rows: int = 1, exporter: str = "node",
 
 
 def _refiner(topics: OutputTopics | None = None) -> Refiner:
-    return _LenientRefiner(
-        CAT, topics or OutputTopics(), lambda: TOPO, lambda _: None, lambda _: None
-    )
+    r = Refiner(CAT, topics or OutputTopics(), lambda: TOPO, lambda _: None, lambda _: None)
+    d = r.decode  # the chain's first step, rebuilt lenient on the same next steps
+    r.decode = _LenientDecode(d.ingest, d.state, d.refine, d.outputs)
+    return r
 
 
 def _values(msgs: list[OutMessage], topic: str) -> list[bytes]:
