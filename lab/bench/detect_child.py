@@ -1,6 +1,6 @@
 """detect_stage's subprocess. ``python -m lab.bench.detect_child write FILE NODES SECONDS SEED``
 writes an input file (:mod:`lab.bench.detect_input`); ``python -m lab.bench.detect_child run
-FILE [--profile OUT] [--tracemalloc N]`` replays one through a
+FILE [--take N] [--profile OUT] [--tracemalloc N]`` replays one through a
 :class:`~services.detect.core.DetectCore` in this process, as the agent feeds it, and prints
 one JSON line: samples, CPU seconds of detect's calls, RSS before any data, peak and final RSS,
 and a digest of everything it emitted (alerts, episodes, rollups: equal digests, equal
@@ -92,8 +92,10 @@ def _json_pieces(t: pa.Table, rows: int = 4096) -> Iterator[str]:
     yield "}"
 
 
-def replay(path: Path, digest: bool = True) -> dict[str, Any]:
-    """Feed the file at ``path`` (and its ``.json`` facts) to a fresh detector."""
+def replay(path: Path, digest: bool = True, take: int | None = None) -> dict[str, Any]:
+    """Feed the file at ``path`` (and its ``.json`` facts) to a fresh detector, in groups of
+    ``take`` records (default the agent's ``take_max``; a live stage's groups are smaller:
+    what arrives within ``take_within_s``)."""
     facts = InputFacts(**json.loads(path.with_suffix(".json").read_text()))
     ends = {int(p): n for p, n in facts.ends[DETECT_TOPICS.refined].items()}
     detector = Detector(default_catalog())
@@ -101,7 +103,7 @@ def replay(path: Path, digest: bool = True) -> dict[str, Any]:
     topo, jobs = topology(facts.nodes, facts.seed)
     detector.set_topology(topo)
     detector.set_jobs(jobs)
-    take = DetectConfig().take_max
+    take = take or DetectConfig().take_max
     dig = Digest()
     base = status_kib("VmRSS")
     cpu = 0.0
@@ -166,24 +168,25 @@ def main(argv: list[str]) -> dict[str, Any]:
         path.with_suffix(".json").write_text(json.dumps(facts.as_dict()))
         return facts.as_dict()
     path = Path(argv[1])
+    take = int(argv[argv.index("--take") + 1]) if "--take" in argv else None
     if "--profile" in argv:  # where the CPU goes: a pstats file
         import cProfile
 
         prof = cProfile.Profile()
-        got: dict[str, Any] = prof.runcall(replay, path, False)
+        got: dict[str, Any] = prof.runcall(replay, path, False, take)
         prof.dump_stats(argv[argv.index("--profile") + 1])
         return got
     if "--tracemalloc" in argv:  # where Python's memory goes: the top allocation sites at peak
         import tracemalloc
 
         tracemalloc.start(8)
-        got = replay(path, False)
+        got = replay(path, False, take)
         snap = tracemalloc.take_snapshot()
         top = snap.statistics("lineno")[: int(argv[argv.index("--tracemalloc") + 1])]
         got["tracemalloc_peak_bytes"] = tracemalloc.get_traced_memory()[1]
         got["tracemalloc_top"] = [str(s) for s in top]
         return got
-    return replay(path)
+    return replay(path, take=take)
 
 
 if __name__ == "__main__":

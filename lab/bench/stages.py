@@ -91,12 +91,15 @@ def run_stage(
     nodes: int,
     samples: int,
     over_s: float = 0.0,
+    watch: Callable[[list[Child]], Callable[[], None]] | None = None,
 ) -> tuple[StageRun, str]:
     """``replicas`` processes of ``stage`` under one group on fresh topics: started and
     joined on empty inputs (topology and jobs copied from ``src`` first), then ``src``'s
     input records copied in; measured from the copy's start until the group has committed
     all of them; ``over_s``: the input copied at the pace it was made (see
-    :func:`copy_topics`). Returns the run and the fresh prefix (what the stage wrote)."""
+    :func:`copy_topics`); ``watch``: called with the processes as the copy starts (a
+    profiler attached), what it returns when they have drained. Returns the run and the
+    fresh prefix (what the stage wrote)."""
     dst = k.fresh_topics()
     copy_topics(k, src, dst, ("topology", "topology.nodes", "jobs"))
     group = f"{dst}{stage}"
@@ -108,11 +111,14 @@ def run_stage(
     try:
         k.wait(f"{stage} joins", lambda: _members(k, group) == replicas, 180, kids)
         time.sleep(3.0)  # the last joiner's assignment handled
+        stop = watch(kids) if watch is not None else None
         t0, cpu0 = time.monotonic(), _cpu(kids)
         copy_topics(k, src, dst, inputs, over_s)
         k.wait(f"{stage} drains", lambda: k.lag(group, [dst + t for t in inputs]) == 0, 900,
                kids)  # fmt: skip
         wall, cpu = time.monotonic() - t0, _cpu(kids) - cpu0
+        if stop is not None:
+            stop()
         rss = max(peak_rss_mib(c.proc.pid) for c in kids)
     finally:
         for c in kids:

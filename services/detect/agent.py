@@ -67,6 +67,16 @@ from services.telemetry import ServiceTelemetry
 
 log = logging.getLogger(__name__)
 
+# Input in flight, bounded in bytes whatever the node count, for a process behind its input
+# (a restart on a backlog). A refined record is one node's rows of a worker group: ~500 kB
+# as Arrow, ~50 kB as zstd stores it (309 and 31 B/sample). A fetch holds up to FETCH_BYTES
+# (compressed) per partition; aiokafka decompresses and copies out at most POLL_RECORDS
+# records per poll (unbounded before: every record fetched), and Faust buffers STREAM_BUFFER
+# of them for the agent (1024 before: ~500 MB of refined records).
+FETCH_BYTES = 2 * 1024 * 1024
+POLL_RECORDS = 64
+STREAM_BUFFER = 128
+
 __all__ = ["DetectApp", "DetectConfig", "build_detect_app"]
 
 
@@ -143,8 +153,8 @@ def _faust_app(kafka: KafkaSettings, cfg: DetectConfig) -> faust.App:
     """Faust's defaults but for: commits every second (a kill replays little), produce
     requests that fail after 30 s instead of 20 min (the agent crashes, the process exits
     non-zero), no wait for records in flight on a rebalance or a stop (not acked, so not
-    committed: read again), a bounded stream buffer (refined records are large). Input
-    topics are never declared; Faust declares only its own assignor topic."""
+    committed: read again), and input in flight bounded in bytes (see :data:`FETCH_BYTES`).
+    Input topics are never declared; Faust declares only its own assignor topic."""
     cfg.data_dir.mkdir(parents=True, exist_ok=True)
     return FaustApp(
         cfg.group,
@@ -155,12 +165,13 @@ def _faust_app(kafka: KafkaSettings, cfg: DetectConfig) -> faust.App:
         autodiscover=False,
         datadir=str(cfg.data_dir),
         broker_commit_interval=1.0,
-        consumer_max_fetch_size=16 * 1024 * 1024,
+        consumer_max_fetch_size=FETCH_BYTES,
+        broker_max_poll_records=POLL_RECORDS,
         producer_linger_ms=5,
         producer_compression_type="zstd",
         producer_request_timeout=30.0,
         stream_wait_empty=False,
-        stream_buffer_maxsize=1024,
+        stream_buffer_maxsize=STREAM_BUFFER,
         web_enabled=cfg.web_port is not None,
         web_port=cfg.web_port or 6067,
         web_bind=cfg.web_host,
