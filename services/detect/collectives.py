@@ -28,6 +28,13 @@ from pipelines.detect.episodes import OpenEpisode
 from pipelines.detect.stragglers import StragglerDetector
 from schemas.records import Alert
 
+# how far past their newest ts refined data must reach before collectives are judged: the
+# congestion and throttling episodes on the ranks' paths open on the first sample past the
+# episode's onset, which a node exporter scraping every second reads up to 1 s after it;
+# plus the clock bound's and arrival order's slack. A straggle judged before its cause's
+# episode opened would name no cause (it is never judged again), and every second of it is
+# a second of the straggler alert's latency
+GRACE_NS = 1_500_000_000
 FIRST_DATA_NS = 120_000_000_000  # how long held collectives wait for the first refined data
 # how long held collectives wait while refined data has stopped with none left to read: a
 # worker killed and started again (Faust's start, its state's recovery) takes tens of seconds
@@ -70,7 +77,7 @@ class CollectiveJudge:
     """Held collectives and the straggler detector they feed."""
 
     def __init__(
-        self, stragglers: StragglerDetector, view: Coverage, grace_ns: int = 3_000_000_000
+        self, stragglers: StragglerDetector, view: Coverage, grace_ns: int = GRACE_NS
     ) -> None:
         self.stragglers = stragglers
         self.view = view

@@ -35,7 +35,7 @@ from schemas.catalog import Catalog
 from schemas.records import Alert, Episode, JobPlacement
 from schemas.topics import TOPICS
 from services.data_files import data_path
-from services.detect.collectives import CollectiveJudge, Coverage
+from services.detect.collectives import GRACE_NS, CollectiveJudge, Coverage
 
 DEFAULT_RULES = data_path("deploy", "rules", "default.yaml")
 
@@ -63,7 +63,7 @@ class Detector:
         raw_topic: str = TOPICS.raw,
         episodes: EpisodeSettings | None = None,
         rollups: RollupSettings | None = None,
-        grace_ns: int = 3_000_000_000,
+        grace_ns: int = GRACE_NS,
         coverage: Coverage | None = None,
     ) -> None:
         self.engine = RuleEngine(load_rules(rules_path, catalog), catalog, raw_topic=raw_topic)
