@@ -118,16 +118,40 @@ class LocalS3:
         st = self.state()
         if st is not None and pid_alive(st.pid):
             return st
-        jar = resolve_jar(self.version, self.cache_dir, progress=progress)
-        java = java_binary()
+        resolve_jar(self.version, self.cache_dir, progress=progress)
         port = port or free_ports(1)[0]
-        blobs = self.data_dir / "blobs"
-        (blobs / bucket).mkdir(parents=True, exist_ok=True)
         key, secret = f"refinery-{secrets.token_hex(4)}", secrets.token_hex(16)
-        st = S3ProxyState(0, port, key, secret, bucket)
+        return self._launch(S3ProxyState(0, port, key, secret, bucket), timeout)
+
+    def kill(self) -> None:
+        """SIGKILL the running s3proxy (a crash: requests in flight are cut); its state
+        stays, so :meth:`restart` brings it back as it was. Idempotent."""
+        st = self.state()
+        if st is not None and pid_alive(st.pid):
+            os.killpg(st.pid, signal.SIGKILL)
+            while pid_alive(st.pid):
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(st.pid, os.WNOHANG)
+                time.sleep(0.05)
+
+    def restart(self, timeout: float = 60.0) -> S3ProxyState:
+        """Start s3proxy again on the same port, credentials, bucket and objects as the last
+        start (after :meth:`kill`, or a crash). Raises BrokerError when it never started."""
+        st = self.state()
+        if st is None:
+            raise BrokerError(f"no s3proxy was started in {self.data_dir}")
+        if pid_alive(st.pid):
+            return st
+        return self._launch(st, timeout)
+
+    def _launch(self, st: S3ProxyState, timeout: float) -> S3ProxyState:
+        jar = resolve_jar(self.version, self.cache_dir)
+        java = java_binary()
+        blobs = self.data_dir / "blobs"
+        (blobs / st.bucket).mkdir(parents=True, exist_ok=True)
         conf = self.data_dir / "s3proxy.properties"
         conf.write_text(
-            f"s3proxy.endpoint=http://127.0.0.1:{port}\n"
+            f"s3proxy.endpoint=http://127.0.0.1:{st.port}\n"
             "s3proxy.authorization=aws-v2-or-v4\n"
             f"s3proxy.identity={st.access_key}\n"
             f"s3proxy.credential={st.secret_key}\n"

@@ -10,7 +10,8 @@ the only types the landing service knows. Any other scheme is a ConfigError (one
 
 With ``REFINERY_LAKE_FORMAT=iceberg`` (:class:`~services.lake.iceberg.IcebergSettings`) the
 writer is :class:`~services.lake.iceberg_sink.IcebergLakeSink`, a :class:`BatchLakeSink` (one
-Iceberg append per flush of a dataset), and the compaction is snapshot expiry
+Iceberg append per flush of a dataset), and the compaction rewrites closed hours' small files
+in one commit each, then expires old snapshots
 (:class:`~services.lake.iceberg_maint.IcebergMaintenance`).
 """
 
@@ -90,14 +91,16 @@ def open_compactor(
     **kw: Any,
 ) -> LakeCompaction:
     """The compactor of ``lake``; ``kw`` as for Compactor (grace_s, crash_at, ...). For an
-    Iceberg lake, snapshot expiry (``kw`` ignored)."""
+    Iceberg lake, rewrite and snapshot expiry (of ``kw`` only ``crash_at`` applies: expiry
+    is its grace period)."""
     loc = _location(lake)
     if (ice := _iceberg(iceberg)) is not None:
         from services.lake.iceberg import open_catalog
         from services.lake.iceberg_maint import IcebergMaintenance
 
         cat = open_catalog(ice, loc, s3)
-        return IcebergMaintenance(cat, ice.iceberg_namespace, ice.iceberg_keep_s)
+        crash_at = kw.get("crash_at")
+        return IcebergMaintenance(cat, ice.iceberg_namespace, ice.iceberg_keep_s, crash_at=crash_at)
     if loc.path is not None:
         return Compactor(loc.path, **kw)
     from services.lake.objcompact import ObjectCompactor

@@ -53,6 +53,7 @@ if TYPE_CHECKING:
 
 OFFSETS_KEY = "refinery.kafka-offsets"
 TOPIC_KEY = "refinery.kafka-topic"
+COMPACTED_KEY = "refinery.compacted"  # on compaction's snapshots: the hour it rewrote
 
 # commit retries off: pyiceberg's retry re-applies a stale append on top of the new snapshot
 # (measured: 320 rows, 310 distinct); the sink re-reads the offsets and retries itself
@@ -291,11 +292,13 @@ def duckdb_path(path: str) -> str:
 
 
 def expire_snapshots(table: Table, keep_s: float, *, now: float | None = None) -> int:
-    """Expire the snapshots older than ``keep_s`` seconds except the current one and the
-    newest carrying the Kafka offsets; delete their manifest lists. Returns how many went.
+    """Expire the snapshots older than ``keep_s`` seconds except the current one, the newest
+    carrying the Kafka offsets and those between them (so that :func:`landed_offsets` still
+    reaches it); delete their manifest lists, and the data files compaction replaced once no
+    snapshot older than its own is left (:func:`replaced_files`). Returns how many went.
     The commit may fail on a concurrent append (CommitFailedException): try again later."""
     cutoff_ms = int(((time.time() if now is None else now) - keep_s) * 1000)
-    keep = {s.snapshot_id for s in (table.current_snapshot(), offsets_snapshot(table)) if s}
+    keep = {s.snapshot_id for s in _to_offsets(table)}
     old = [
         s
         for s in table.metadata.snapshots
@@ -303,11 +306,50 @@ def expire_snapshots(table: Table, keep_s: float, *, now: float | None = None) -
     ]
     if not old:
         return 0
+    freed = replaced_files(table, {s.snapshot_id for s in old})
     table.maintenance.expire_snapshots().by_ids([s.snapshot_id for s in old]).commit()
     for s in old:  # referenced by nothing now; a manifest may be shared, so those stay
         with contextlib.suppress(OSError):
             table.io.delete(s.manifest_list)
+    for path in freed:
+        with contextlib.suppress(OSError):
+            table.io.delete(path)
     return len(old)
+
+
+def _to_offsets(table: Table) -> list[Any]:
+    """The current snapshot and its ancestors down to the newest carrying the offsets."""
+    out = []
+    for snap in _lineage(table):
+        out.append(snap)
+        if snap.summary is not None and OFFSETS_KEY in snap.summary.additional_properties:
+            break
+    else:
+        return out[:1]  # no offsets anywhere: only the current one matters
+    return out
+
+
+def replaced_files(table: Table, expiring: set[int]) -> list[str]:
+    """The data files that compaction snapshots (:data:`COMPACTED_KEY`) removed and that no
+    snapshot will name once ``expiring`` is gone: those of each compaction snapshot that has
+    an older snapshot now and none after the expiry (files are never added back)."""
+    from pyiceberg.manifest import ManifestEntryStatus
+
+    snaps = table.metadata.snapshots
+    seq = {s.snapshot_id: s.sequence_number or 0 for s in snaps}  # set in format 2
+    floor = min((q for i, q in seq.items() if i not in expiring), default=None)
+    out: list[str] = []
+    for s in snaps:
+        if s.summary is None or COMPACTED_KEY not in s.summary.additional_properties:
+            continue
+        older = [q for q in seq.values() if q < seq[s.snapshot_id]]
+        if not older or (floor is not None and floor < seq[s.snapshot_id]):
+            continue  # freed earlier, or still named by a snapshot that stays
+        for m in s.manifests(table.io):
+            for e in m.fetch_manifest_entry(table.io, discard_deleted=False):
+                if e.status == ManifestEntryStatus.DELETED and e.snapshot_id == s.snapshot_id:
+                    out.append(e.data_file.file_path)
+    return out
 
 
 def snapshot_time(snap: Any) -> datetime:

@@ -50,9 +50,14 @@ from services.lake.iceberg import (
     landed_offsets,
     offsets_property,
     open_table,
-    stat_columns,
     table_schema,
     with_hour_columns,
+)
+from services.lake.iceberg_files import (
+    arrow_schema,
+    file_options,
+    parquet_bytes,
+    upload_data_file,
 )
 from services.lake.layout import LakeError, file_name
 from services.lake.sink import Flush
@@ -149,7 +154,7 @@ class IcebergLakeSink:
             try:
                 return call()
             except Exception as e:
-                if not _connection_lost(e):
+                if not connection_lost(e):
                     raise
                 if time.monotonic() >= deadline:
                     raise StoreUnavailable(f"iceberg catalog: {_first_line(e)}") from e
@@ -236,7 +241,7 @@ class IcebergLakeSink:
             log.warning("iceberg: commit state unknown (%s): re-reading the offsets", e)
             return False
         except Exception as e:
-            if not _connection_lost(e):
+            if not connection_lost(e):
                 raise
             self._reconnect(e)  # committed or not: the re-read offsets tell
             return False
@@ -244,14 +249,11 @@ class IcebergLakeSink:
 
     def _write(self, table: Table, dataset: str, flush: Flush) -> list[Any]:
         """``flush``'s rows as one data file per UTC hour, uploaded; their DataFiles."""
-        from pyiceberg.io.pyarrow import schema_to_pyarrow
-
         assert flush.table is not None
         ds = DATASETS[dataset]
         rows = conform(flush.table, ds.schema)
-        schema = table.schema()
-        arrow = _small_strings(schema_to_pyarrow(schema, include_field_ids=True))
-        opts = _file_options(dataset, self.row_group_rows)
+        arrow = arrow_schema(table)
+        opts = file_options(dataset, self.row_group_rows)
         stem = file_name(flush.partition, flush.first, flush.last)[: -len(".parquet")]
         out = []
         for i, ((date, hour), part) in enumerate(split_by_hour(rows)):
@@ -260,7 +262,7 @@ class IcebergLakeSink:
                 f"{table.location()}/data/date={date}/hour={hour}/"
                 f"{stem}-{uuid.uuid4().hex[:12]}.parquet"
             )
-            out.append(_upload(table, t, path, opts, date, hour))
+            out.append(upload_data_file(table, parquet_bytes(t, opts), path, date, hour))
             if i == 0:
                 self.seam.reach("mid_upload")
         return out
@@ -305,7 +307,7 @@ class IcebergLakeSink:
             if have.remove_metadata().equals(schema):
                 self._seeded.add(dataset)
                 return
-        self.store.put(key, _parquet_bytes(schema.empty_table(), write_options(schema, 1024)))
+        self.store.put(key, parquet_bytes(schema.empty_table(), write_options(schema, 1024)))
         self._seeded.add(dataset)
 
     def ensure_seeds(self) -> None:
@@ -316,7 +318,7 @@ class IcebergLakeSink:
         return self.store.url(SEED_KEY.format(dataset=dataset))
 
 
-def _connection_lost(e: BaseException) -> bool:
+def connection_lost(e: BaseException) -> bool:
     """Whether ``e`` says the catalog database could not be reached or dropped the connection
     (SQLAlchemy's OperationalError: refused, reset, server restarting, SQLite locked), or
     SQLAlchemy saw the connection invalidated."""
@@ -329,75 +331,3 @@ def _connection_lost(e: BaseException) -> bool:
 
 def _first_line(e: BaseException) -> str:
     return (str(e).strip().splitlines() or [type(e).__name__])[0]
-
-
-def _file_options(dataset: str, row_group_rows: int) -> dict[str, object]:
-    """Parquet options of a data file: as the Parquet lake lands (LZ4, min/max on ``ts`` and
-    the sort key only: :data:`~services.lake.iceberg.metrics_properties` tells Iceberg so)."""
-    ds = DATASETS[dataset]
-    opts = write_options(table_schema(dataset), row_group_rows, statistics=stat_columns(ds))
-    opts["compression"] = "lz4"
-    del opts["compression_level"]
-    opts["write_batch_size"] = 1 << 16
-    return opts
-
-
-def _small(t: pa.DataType) -> pa.DataType:
-    if pa.types.is_large_string(t):
-        return pa.string()
-    if pa.types.is_list(t) or pa.types.is_large_list(t):
-        f = t.value_field
-        return pa.list_(f.with_type(_small(f.type)))
-    if pa.types.is_struct(t):
-        return pa.struct([f.with_type(_small(f.type)) for f in t])
-    return t
-
-
-def _small_strings(schema: pa.Schema) -> pa.Schema:
-    """``schema`` with string and list types where pyiceberg gives large ones (field ids
-    kept): the dataset's columns cast to it without copying their values."""
-    return pa.schema([f.with_type(_small(f.type)) for f in schema], metadata=schema.metadata)
-
-
-def _parquet_bytes(table: pa.Table, opts: dict[str, object]) -> bytes:
-    buf = pa.BufferOutputStream()
-    pq.write_table(table, buf, **opts)
-    return bytes(buf.getvalue().to_pybytes())
-
-
-def _upload(
-    table: Table, rows: pa.Table, path: str, opts: dict[str, object], date: str, hour: str
-) -> Any:
-    """Write ``rows`` to ``path`` through the table's FileIO; the DataFile that names it."""
-    import datetime as dt
-
-    from pyiceberg.io.pyarrow import (
-        compute_statistics_plan,
-        data_file_statistics_from_parquet_metadata,
-        parquet_path_to_id_mapping,
-    )
-    from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
-    from pyiceberg.typedef import Record
-
-    data = _parquet_bytes(rows, opts)
-    with table.io.new_output(path).create(overwrite=True) as out:
-        out.write(data)
-    schema = table.schema()
-    stats = data_file_statistics_from_parquet_metadata(
-        parquet_metadata=pq.read_metadata(pa.BufferReader(data)),
-        stats_columns=compute_statistics_plan(schema, table.metadata.properties),
-        parquet_column_mapping=parquet_path_to_id_mapping(schema),
-    )
-    days = (dt.date.fromisoformat(date) - dt.date(1970, 1, 1)).days
-    return DataFile.from_args(
-        content=DataFileContent.DATA,
-        file_path=path,
-        file_format=FileFormat.PARQUET,
-        partition=Record(days, int(hour)),
-        file_size_in_bytes=len(data),
-        sort_order_id=None,
-        spec_id=table.metadata.default_spec_id,
-        equality_ids=None,
-        key_metadata=None,
-        **stats.to_serialized_dict(),
-    )

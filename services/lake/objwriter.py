@@ -19,13 +19,23 @@ after the store had already stored it fails the create; the writer then compares
 bytes with its own and takes an identical object as its own. A different object under the
 same name means another writer landed that range: :class:`~services.lake.layout.LakeError`.
 Recovery reads every manifest and listing in whatever order the store returns them.
+
+A store that cannot be reached (restarting, a network partition) is waited for: every call
+of the writer is retried with backoff for up to ``reconnect_s`` (each is idempotent: a
+retried land re-stages, re-creates its manifest and objects with the same bytes), so the
+lander blocks in :meth:`ObjectLakeWriter.land` and commits no offset until the store is back;
+past ``reconnect_s`` StoreUnavailable reaches the lander, which exits for its supervisor.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import random
+import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import duckdb
 import pyarrow as pa
@@ -42,7 +52,7 @@ from services.lake.layout import (
     parse_file_name,
     parse_hour,
 )
-from services.lake.store import ObjectExists, ObjectInfo, ObjectStore
+from services.lake.store import ObjectExists, ObjectInfo, ObjectStore, StoreUnavailable
 from services.lake.writer import (
     CrashSeam,
     encode_strings,
@@ -51,6 +61,9 @@ from services.lake.writer import (
     split_by_hour,
     write_options,
 )
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 def to_bytes(table: pa.Table, options: dict[str, Any]) -> bytes:
@@ -97,12 +110,19 @@ class ObjectLakeWriter:
     ``mid_rename`` (a multi-hour flush committed, its first final object created)."""
 
     def __init__(
-        self, store: ObjectStore, *, row_group_rows: int = 1 << 20, crash_at: str | None = None
+        self,
+        store: ObjectStore,
+        *,
+        row_group_rows: int = 1 << 20,
+        crash_at: str | None = None,
+        reconnect_s: float = 120.0,
     ) -> None:
         self.store = store
         self.root = store.root_url
         self.row_group_rows = row_group_rows
         self.seam = CrashSeam(crash_at)
+        self.reconnect_s = reconnect_s
+        self.reconnects = 0  # calls that failed on an unreachable store and were retried
         self._seeded: set[str] = set()
         self._con: duckdb.DuckDBPyConnection | None = None
 
@@ -118,13 +138,38 @@ class ObjectLakeWriter:
                     "consuming the same partition?"
                 ) from None
 
+    def _patiently(self, call: Callable[[], T]) -> T:
+        """``call()``, retried with backoff (0.2 s doubling to 5 s) while the store is
+        unreachable, for up to ``reconnect_s``; then its StoreUnavailable propagates. Every
+        call retried this way is idempotent (conditional creates of identical bytes)."""
+        deadline, attempt = time.monotonic() + self.reconnect_s, 0
+        while True:
+            try:
+                return call()
+            except StoreUnavailable as e:
+                if time.monotonic() >= deadline:
+                    raise
+                self.reconnects += 1
+                log.warning("land: %s: retrying", e)
+            time.sleep(min(0.2 * 2**attempt, 5.0) * random.uniform(0.8, 1.2))
+            attempt += 1
+
     def land(
         self, dataset: str, table: pa.Table, *, partition: int, first: int, last: int
     ) -> list[str]:
         """Durably land ``table`` as the rows of offsets ``first..last`` of ``partition``;
         returns the URLs of the objects created (none for an empty table). Blocks on the
-        store. Raises LakeError (bad values, another writer), StoreError (the store), or
-        ValueError (the table does not fit the dataset)."""
+        store, and while it cannot be reached waits for it (up to ``reconnect_s``: the
+        caller commits no offset meanwhile). Raises LakeError (bad values, another writer),
+        StoreError (the store; StoreUnavailable past ``reconnect_s``), or ValueError (the
+        table does not fit the dataset)."""
+        return self._patiently(
+            lambda: self._land(dataset, table, partition=partition, first=first, last=last)
+        )
+
+    def _land(
+        self, dataset: str, table: pa.Table, *, partition: int, first: int, last: int
+    ) -> list[str]:
         ds = DATASETS.get(dataset) if isinstance(dataset, str) else None
         if ds is None:
             raise LakeError(f"unknown dataset {dataset!r}")
@@ -167,7 +212,11 @@ class ObjectLakeWriter:
         """Finish or undo landings a crash interrupted; returns objects created or removed.
         Committed manifests are rolled forward; staged objects of ``partitions`` (all when
         None) that no manifest names are removed (their offsets were never committed). Call
-        only while no other writer lands those partitions."""
+        only while no other writer lands those partitions. Waits for an unreachable store
+        as :meth:`land` does."""
+        return self._patiently(lambda: self._recover(dataset, partitions))
+
+    def _recover(self, dataset: str, partitions: set[int] | None) -> int:
         if dataset not in DATASETS:
             raise LakeError(f"unknown dataset {dataset!r}")
         n = 0
@@ -214,9 +263,9 @@ class ObjectLakeWriter:
 
     def landed_high_water(self, dataset: str) -> dict[int, int]:
         """``{partition: last landed offset}`` from the object names (call :meth:`recover`
-        first)."""
+        first). Waits for an unreachable store as :meth:`land` does."""
         hw: dict[int, int] = {}
-        for f in data_files(self.store, dataset):
+        for f in self._patiently(lambda: data_files(self.store, dataset)):
             hw[f.partition] = max(hw.get(f.partition, -1), f.last)
         return hw
 

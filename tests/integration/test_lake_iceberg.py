@@ -147,3 +147,37 @@ def test_a_stale_lander_committing_after_its_partitions_moved_duplicates_nothing
     assert errors, "A's Kafka commit after its partitions moved must fail"
     rows, distinct_rows, records = _check(b_sink)
     assert (rows, distinct_rows, records) == (stream.rows, stream.rows, stream.records)
+
+
+def test_compaction_racing_the_lander_then_a_restart_loses_and_duplicates_nothing(
+    kafka_bootstrap: str, unique_topic: Callable[..., str], unique_group: str, tmp_path: Path
+) -> None:
+    """A compactor rewrites the hour and expires every older snapshot (keep 0 s) in a loop
+    while the lander lands into that hour; then the lander is restarted on more records (and
+    replays) and resumes from the offsets the compaction snapshots carried forward."""
+    from services.lake.iceberg_maint import IcebergMaintenance
+
+    topic = unique_topic("refined", partitions=2)
+    stream = RefinedStream(kafka_bootstrap, topic, partitions=2)
+    env = _env(tmp_path, kafka_bootstrap)
+    sink = _sink(tmp_path)
+    maint = IcebergMaintenance(sink.catalog, "refinery", keep_s=0.0)
+    merged = 0
+    for round_ in range(2):
+        stream.produce(10)
+        if round_:
+            stream.replay(3)
+        args = _lander(tmp_path, kafka_bootstrap, topic, unique_group, None)
+        proc = subprocess.Popen(args, cwd=REPO, env=env, stderr=subprocess.PIPE)
+        while proc.poll() is None:
+            merged += maint.compact_closed(["samples"], close_after_s=0).merged
+            time.sleep(0.2)
+        assert proc.returncode == 0, proc.stderr.read().decode()[-2000:] if proc.stderr else ""
+        rows, distinct_rows, records = _check(sink)
+        assert (rows, distinct_rows, records) == (stream.rows, stream.rows, stream.records)
+    merged += maint.compact_closed(["samples"], close_after_s=0).merged
+    assert merged > 0
+    files = sink.live_paths("samples")
+    assert len(files) == 2  # one per source partition of the hour
+    assert _check(sink) == (stream.rows, stream.rows, stream.records)
+    assert sum(sink.landed_high_water("samples").values()) == stream.records + 3 - 2
