@@ -19,7 +19,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from services.detect.core import DetectCore, DetectTopics, assigned_spans
+from schemas.topics import TOPICS, Topics
+from services.detect.core import DetectCore, assigned_spans, read_topics
 from services.detect.detector import Detector, Emitted
 from services.kafka.feed import TopologyFeed
 from services.kafka.internals import LIBRDKAFKA_CONSUMER_BOUNDS
@@ -34,7 +35,7 @@ class DetectService:
     def __init__(
         self,
         conf: dict[str, Any],
-        topics: DetectTopics,
+        topics: Topics,
         detector: Detector,
         telemetry: ServiceTelemetry,
         group: str = "refinery-detect",
@@ -77,7 +78,7 @@ class DetectService:
         feed = TopologyFeed(self.conf, self.topics.topology, self.topics.jobs)
         feed.start()
         feed.wait_caught_up(60)
-        consumer.subscribe(self.topics.inputs, on_assign=self._on_assign(consumer))
+        consumer.subscribe(read_topics(self.topics), on_assign=self._on_assign(consumer))
         last_tick = last_commit = last_data = time.monotonic()
         pending: dict[tuple[str, int], int] = {}
         try:
@@ -191,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, stop)
     service = DetectService(
         settings.kafka().librdkafka(),
-        DetectTopics.with_prefix(args.topic_prefix),
+        TOPICS.with_prefix(args.topic_prefix),
         detector,
         telemetry,
         group=args.group,

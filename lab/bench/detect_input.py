@@ -29,8 +29,9 @@ from lab.simulate.engine import Simulation, Stream
 from pipelines.refine.enrich import TopologyIndex
 from schemas.catalog import default_catalog
 from schemas.records import JobPlacement
-from services.detect.core import DetectTopics
-from services.worker.refiner import OutputTopics, RawRecord, Refiner
+from schemas.topics import TOPICS
+from services.detect.core import read_topics
+from services.worker.refiner import RawRecord, Refiner
 
 S = 1_000_000_000
 T0 = 1_700_000_000 * S
@@ -51,8 +52,8 @@ RAW_TOPIC = {
     Stream.EVENTS: "telemetry.events",
     Stream.COLLECTIVES: "telemetry.collectives",
 }
-DETECT_TOPICS = DetectTopics()
-INPUTS = tuple(DETECT_TOPICS.inputs)  # the file's topic indexes
+DETECT_TOPICS = TOPICS
+INPUTS = tuple(read_topics(DETECT_TOPICS))  # the file's topic indexes
 _ZSTD = pa.Codec("zstd", compression_level=1)
 _HEAD = struct.Struct("<BHQII")  # topic, partition, offset, compressed and plain length
 
@@ -108,7 +109,7 @@ def write_detect_input(path: Path, nodes: int, seconds: int, seed: int = 7) -> I
     (the refiner's rate: about a million samples per CPU-second); raises only on a bug."""
     sim = simulation(nodes, seconds, seed)
     topo, _ = topology(nodes, seed)
-    refiner = Refiner(default_catalog(), OutputTopics(), lambda: topo, _none, _none)
+    refiner = Refiner(default_catalog(), TOPICS, lambda: topo, _none, _none)
     raw_offsets, out_offsets = _Offsets(), _Offsets()
     counts = {t: 0 for t in INPUTS}
     rows = size = 0

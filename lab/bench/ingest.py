@@ -36,8 +36,9 @@ from pipelines.refine.enrich import TopologyIndex
 from pipelines.refine.types import RefineSettings
 from schemas.catalog import default_catalog
 from schemas.ingest import IngestDecoder, Message, Position
+from schemas.topics import TOPICS
 from services.worker.clock_flags import SEND_DELAY_S
-from services.worker.refiner import OutputTopics, RawRecord, Refiner
+from services.worker.refiner import RawRecord, Refiner
 
 SECOND = 1_000_000_000
 CPUS, STATES = 64, ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
@@ -194,7 +195,7 @@ def refine_rate(
     topo = TopologyIndex([], [])
     timing = {"t": DeclaredTiming(int(SEND_DELAY_S.get(a.format, 5.0) * 1e9))}
     settings = RefineSettings(seq_window=512, declared=timing if declared else {})
-    refiner = Refiner(default_catalog(), OutputTopics(), lambda: topo, lambda _: None,
+    refiner = Refiner(default_catalog(), TOPICS, lambda: topo, lambda _: None,
                       lambda _: None, settings, IngestDecoder({"t": a.format}))  # fmt: skip
     half = messages // 2
     now = time.time_ns()

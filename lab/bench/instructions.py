@@ -49,7 +49,8 @@ def run(
     from lab.simulate.messages import Stream
     from pipelines.refine.enrich import TopologyIndex
     from schemas.catalog import default_catalog
-    from services.worker.refiner import OutputTopics, RawRecord, Refiner
+    from schemas.topics import TOPICS
+    from services.worker.refiner import RawRecord, Refiner
 
     start = 1_800_000_000 * S  # fixed: the same records every run
     sim = Simulation(
@@ -71,7 +72,7 @@ def run(
                     RawRecord("raw", off % 12, off, m.key, body, headers, m.due_ns // 10**6)
                 )
     topo = TopologyIndex(sim.cluster.topology(), sim.cluster.jobs(start))
-    ref = Refiner(default_catalog(), OutputTopics(), lambda: topo, lambda _: None, lambda _: None)
+    ref = Refiner(default_catalog(), TOPICS, lambda: topo, lambda _: None, lambda _: None)
     now = start + (ticks + 2) * S
     half = len(recs) // 2
     for i in range(0, half, group):

@@ -23,8 +23,9 @@ import pyarrow as pa  # noqa: E402
 from lab.bench.synthetic_source import bench_catalog  # noqa: E402
 from pipelines.refine.enrich import TopologyIndex  # noqa: E402
 from schemas.codec import encode  # noqa: E402
+from schemas.topics import TOPICS  # noqa: E402
 from schemas.wire import SAMPLES_SCHEMA, Envelope, SourceId  # noqa: E402
-from services.worker.refiner import OutputTopics, RawRecord, Refiner  # noqa: E402
+from services.worker.refiner import RawRecord, Refiner  # noqa: E402
 
 T0 = 1_700_000_000_000_000_000
 SEC = 1_000_000_000
@@ -68,7 +69,7 @@ def main(sources: int, series: int) -> dict[str, float]:
     metric = pa.array([COUNTERS[i % 3] for i in range(series)], pa.string())
     device = pa.array([f"mlx5_{i % 8}/1/prio{i // 8}" for i in range(series)], pa.string())
     topo = TopologyIndex([], [])
-    refiner = Refiner(bench_catalog(), OutputTopics(), lambda: topo, _none, _none)
+    refiner = Refiner(bench_catalog(), TOPICS, lambda: topo, _none, _none)
     # warm up code paths and caches on a throwaway source, then take the baseline
     for b in range(2):
         refiner.process(_record(sources, b, 8, metric[:8], device[:8]), T0)

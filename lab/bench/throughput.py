@@ -33,7 +33,8 @@ from lab.simulate.engine import Simulation
 from lab.simulate.publish import publish
 from schemas.catalog import default_catalog
 from schemas.codec import content_type_of, decode
-from services.worker.refiner import OutputTopics, RawRecord, Refiner
+from schemas.topics import TOPICS
+from services.worker.refiner import RawRecord, Refiner
 
 # the backlog's topics, stamped with the simulated arrival of each record
 INPUT_STREAMS = ("telemetry.raw", "telemetry.events", "telemetry.collectives")
@@ -115,7 +116,7 @@ def _in_process(kept: list[RawRecord], sim: Simulation, r: BenchResult) -> float
     for rec in measured:
         samples += decode(rec.value, content_type_of(rec.headers)).table.num_rows
     t_decode = time.process_time() - t0
-    refiner = Refiner(default_catalog(), OutputTopics(), lambda: topo, _none, _none)
+    refiner = Refiner(default_catalog(), TOPICS, lambda: topo, _none, _none)
     now = time.time_ns()
     for i in range(0, len(warm), GROUP):
         refiner.process_group(warm[i : i + GROUP], now)
@@ -156,7 +157,7 @@ def _in_process(kept: list[RawRecord], sim: Simulation, r: BenchResult) -> float
 def _clock_share(k: BenchKafka, prefix: str, timeout: float, r: BenchResult) -> None:
     """The share of the worker's refined rows whose clock is bounded by exchanges: below 1
     the benchmark no longer measures the path live data takes."""
-    bases = clock_bases(k, prefix + OutputTopics.refined, timeout)
+    bases = clock_bases(k, prefix + TOPICS.refined, timeout)
     rows = sum(bases.values())
     r.add(
         "worker_rows_clock_exchange_share",

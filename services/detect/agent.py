@@ -9,9 +9,10 @@ feeds one :class:`~services.detect.detector.Detector` through
 ``lab.detect_reference`` shares: tests check that both publish the same records).
 
 Per group of records (``noack_take``): route each to the detector, advance it to the
-watermark, publish what came out and wait for the broker's acknowledgements
-(:func:`~services.kafka.group.publish_acked`) — only then are the records acked, so Faust
-commits no input whose derived records might be lost. A timer advances the detector to the
+watermark, publish what came out and wait for the broker's acknowledgements — only then are
+the records acked, so Faust commits no input whose derived records might be lost. That
+contract is one object, :class:`~services.detect.checkpoint.Checkpoint`: the only place a
+record is acked, and the only way out for detect's outputs. A timer advances the detector to the
 watermark and runs its time-driven checks every ``tick_s``; the watermark's high watermarks
 are the consumer's, as last fetched.
 
@@ -23,7 +24,9 @@ outputs of the warm-up (the watermark's judgements, one tick) are published: a p
 process may have died before publishing them, and consumers deduplicate on ``(id, state)``.
 A record at an offset already fed (a rebalance makes the consumer resume from the committed
 offset) is skipped; one after a jump in a partition's offsets is preceded by the records in
-between, fetched directly (as the refining worker does).
+between, fetched directly and declared a gap to Faust's consumer, so its commits move past
+them (as the refining worker does: :meth:`Checkpoint.fetch_skipped
+<services.detect.checkpoint.Checkpoint.fetch_skipped>`).
 
 Replicas: several processes with one ``--group`` share the input partitions (Faust's
 assignor). Node-local judgement (rules, silence, episodes, rollups) follows the refined,
@@ -39,7 +42,8 @@ detector still holds (:meth:`Detector.flush`); so does ``idle_exit_s`` without i
 counted from the end of the warm-up.
 
 The parts: :mod:`~services.detect.runner` (the agent's groups, the warm-up, the tick, the
-final flush, ``/health``), :mod:`~services.detect.warmup` (the warm-up read); this module
+final flush, ``/health``), :mod:`~services.detect.checkpoint` (publish, then ack: where an
+offset is committed), :mod:`~services.detect.warmup` (the warm-up read); this module
 builds them and wires them to the Faust app.
 """
 
@@ -52,7 +56,9 @@ from typing import Any
 import faust
 from mode import CrashingSupervisor
 
-from services.detect.core import DetectCore, DetectTopics
+from schemas.topics import Topics
+from services.detect.checkpoint import Checkpoint
+from services.detect.core import DetectCore, read_topics
 from services.detect.detector import Detector
 from services.detect.progress import ProgressView, replica_id
 from services.detect.progress_feed import ProgressFeed, ensure_topic, progress_topic
@@ -93,7 +99,7 @@ class DetectApp:
 
 def build_detect_app(
     kafka: KafkaSettings,
-    topics: DetectTopics,
+    topics: Topics,
     detector: Detector,
     telemetry: ServiceTelemetry,
     cfg: DetectConfig,
@@ -108,14 +114,15 @@ def build_detect_app(
     feed = TopologyFeed(conf, topics.topology, topics.jobs)
     progress = ProgressFeed(conf, ptopic, view, cfg.lookback_s)
     outputs = OutputProducer(kafka, cfg.group)
-    runner = DetectRunner(app, conf, core, feed, progress, outputs, telemetry, cfg)
+    checkpoint = Checkpoint(app, conf, outputs)
+    runner = DetectRunner(app, conf, core, feed, progress, checkpoint, telemetry, cfg)
 
     async def detect(stream: Any) -> None:  # the agent services.detect.agent.detect
         await runner.run(stream)
 
     async def start_feed() -> None:
         log.info("detect: subscribed to %s as group %s (replica %s)",
-                 ", ".join(topics.inputs), cfg.group, view.replica)  # fmt: skip
+                 ", ".join(read_topics(topics)), cfg.group, view.replica)  # fmt: skip
         feed.start()
         progress.start()
 
@@ -125,7 +132,7 @@ def build_detect_app(
         await runner.assigned(partitions)
 
     topic = app.topic(
-        *topics.inputs,
+        *read_topics(topics),
         key_type=bytes,
         value_type=bytes,
         key_serializer="raw",

@@ -13,7 +13,7 @@ from services.heap import keep_heap
 from services.settings import RefinerySettings
 
 if TYPE_CHECKING:
-    from services.detect.core import DetectTopics
+    from schemas.topics import Topics
     from services.detect.detector import Detector
     from services.telemetry import ServiceTelemetry
 
@@ -59,7 +59,6 @@ def add_parser(sub: Any) -> None:
 def run(args: argparse.Namespace, settings: RefinerySettings) -> int:
     from schemas.catalog import default_catalog
     from services.cli_ports import require_free_port
-    from services.detect.core import DetectTopics
     from services.detect.detector import DEFAULT_RULES, Detector
     from services.kafka.log import require_cluster
     from services.telemetry import ServiceTelemetry
@@ -72,12 +71,10 @@ def run(args: argparse.Namespace, settings: RefinerySettings) -> int:
         stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    topics = DetectTopics.with_prefix(args.topic_prefix)
+    topics = TOPICS.with_prefix(args.topic_prefix)
     rules = Path(args.rules) if args.rules else DEFAULT_RULES
     # a bad rule file stops here, before any engine starts (one line, exit 2)
-    detector = Detector(
-        default_catalog(), rules, raw_topic=TOPICS.with_prefix(args.topic_prefix).raw
-    )
+    detector = Detector(default_catalog(), rules, raw_topic=topics.raw)
     telemetry = ServiceTelemetry("detect", otlp_endpoint=settings.otlp_endpoint)
     keep_heap()
     try:
@@ -89,7 +86,7 @@ def run(args: argparse.Namespace, settings: RefinerySettings) -> int:
 def _run_faust(
     args: argparse.Namespace,
     settings: RefinerySettings,
-    topics: DetectTopics,
+    topics: Topics,
     detector: Detector,
     telemetry: ServiceTelemetry,
 ) -> int:

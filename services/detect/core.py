@@ -43,32 +43,10 @@ DEADLETTER_KEEP_S = 600  # dead-letter seconds kept per accounting partition (ra
 ARROW_HEADERS = [("content-type", b"application/vnd.apache.arrow.stream")]
 
 
-@dataclass(frozen=True)
-class DetectTopics:
-    """What detect reads and writes (names from the catalog, :mod:`schemas.topics`)."""
-
-    refined: str = TOPICS.refined
-    events: str = TOPICS.events_aligned
-    collectives: str = TOPICS.collectives_aligned
-    accounting: str = TOPICS.accounting
-    topology: str = TOPICS.topology
-    jobs: str = TOPICS.jobs
-    alerts: str = TOPICS.alerts
-    episodes: str = TOPICS.episodes
-    rollups: str = TOPICS.rollups
-
-    @classmethod
-    def of(cls, t: Topics) -> DetectTopics:
-        return cls(t.refined, t.events_aligned, t.collectives_aligned, t.accounting,
-                   t.topology, t.jobs, t.alerts, t.episodes, t.rollups)  # fmt: skip
-
-    @classmethod
-    def with_prefix(cls, prefix: str) -> DetectTopics:
-        return cls.of(TOPICS.with_prefix(prefix))
-
-    @property
-    def inputs(self) -> list[str]:
-        return [self.refined, self.events, self.collectives, self.accounting]
+def read_topics(topics: Topics) -> list[str]:
+    """The topics detect reads, of the catalog ``topics`` (:mod:`schemas.topics`): refined
+    data, aligned events and collectives, accounting."""
+    return [topics.refined, topics.events_aligned, topics.collectives_aligned, topics.accounting]
 
 
 @dataclass(frozen=True)
@@ -109,7 +87,7 @@ class DetectCore:
 
     def __init__(
         self,
-        topics: DetectTopics,
+        topics: Topics,
         detector: Detector,
         telemetry: ServiceTelemetry,
         view: ProgressView | None = None,
@@ -193,7 +171,7 @@ class DetectCore:
                     tables.append(t)
             elif topic == self.topics.accounting:
                 self._accounted(json.loads(value), now, partition)
-            elif topic == self.topics.events:
+            elif topic == self.topics.events_aligned:
                 out.extend(self.detector.on_events(pa.ipc.open_stream(value).read_all(), now))
             else:
                 out.extend(self.detector.on_collectives(pa.ipc.open_stream(value).read_all(), now))

@@ -1,6 +1,8 @@
 """Detect's runner: the agent's groups, the warm-up of newly assigned partitions, the tick, the
 final flush and ``/health``, around one :class:`~services.detect.core.DetectCore` (see
-:mod:`services.detect.agent` for the contract)."""
+:mod:`services.detect.agent` for the contract). Everything it publishes, and every record it
+acks, goes through its :class:`~services.detect.checkpoint.Checkpoint`, the one place detect
+commits an offset."""
 
 from __future__ import annotations
 
@@ -16,15 +18,15 @@ from typing import Any
 import faust
 from faust.types import TP
 
-from services.detect.core import DetectCore
+from services.detect.checkpoint import Checkpoint
+from services.detect.core import DetectCore, read_topics
 from services.detect.detector import Emitted
 from services.detect.progress_feed import ProgressFeed
 from services.detect.warmup import warm_up
 from services.gc_pacer import GcPacer
 from services.kafka.feed import TopologyFeed
-from services.kafka.group import Progress, manual_acks, publish_acked
-from services.kafka.outputs import OutMessage, OutputProducer
-from services.kafka.watch import fetch_range
+from services.kafka.group import Progress
+from services.kafka.outputs import OutMessage
 from services.telemetry import ServiceTelemetry
 
 log = logging.getLogger(__name__)
@@ -72,13 +74,13 @@ class DetectRunner:
         core: DetectCore,
         feed: TopologyFeed,
         progress_feed: ProgressFeed,
-        outputs: OutputProducer,
+        checkpoint: Checkpoint,
         telemetry: ServiceTelemetry,
         cfg: DetectConfig,
     ) -> None:
         self.app, self.conf, self.core, self.feed = app, conf, core, feed
         self.progress_feed = progress_feed
-        self.outputs, self.telemetry, self.cfg = outputs, telemetry, cfg
+        self.checkpoint, self.telemetry, self.cfg = checkpoint, telemetry, cfg
         self.state = _State()
         self.progress = Progress()
         # primed when the agent starts (the long first settle before any record waits), then
@@ -86,14 +88,11 @@ class DetectRunner:
         self.gc_pacer = GcPacer(cfg.gc_settle_every_s)
         self.lock = asyncio.Lock()  # one user of the detector at a time, outputs in order
         self.ready = asyncio.Event()  # set while no warm-up is under way
-        self.inputs = set(core.topics.inputs)
+        self.inputs = set(read_topics(core.topics))
         # the detector's one thread (one user at a time anyway): its allocations stay in one
         # thread's heaps, which keep what they freed (services.heap), instead of in those
         # of whichever of the loop's pool threads ran a group
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="detect")
-
-    async def _publish(self, messages: list[OutMessage]) -> None:
-        await publish_acked(self.app, self.outputs, messages)
 
     def _high(self, p: int) -> int:
         try:
@@ -112,20 +111,19 @@ class DetectRunner:
         return self.core.messages(out) + ([marker] if marker is not None else [])
 
     async def run(self, stream: Any) -> None:
-        """The agent's body: per group, route its records to the detector, publish what came
-        out and wait for the acknowledgements; only then ack the records."""
-        progress, telemetry = self.progress, self.telemetry
+        """The agent's body: per group, route its records to the detector and commit the
+        group (:meth:`Checkpoint.commit`: what came out published and acknowledged, then the
+        records acked)."""
+        progress, telemetry, cp = self.progress, self.telemetry, self.checkpoint
         if self.gc_pacer.prime():
             telemetry.record("detect.gc_settle_s", self.gc_pacer.last_pause_s, unit="s")
-        async with manual_acks(stream, self.cfg.take_max, self.cfg.take_within_s) as groups:
+        async with cp.groups(stream, self.cfg.take_max, self.cfg.take_within_s) as groups:
             async for events in groups:
                 await self.ready.wait()
                 progress.last_group_started = time.monotonic()
                 async with self.lock:
                     with telemetry.span("detect.group", {"records": len(events)}):
-                        await self._publish(await self._route(events))  # derived records first
-                for ev in events:  # then Faust may commit the input
-                    await stream.ack(ev)
+                        await cp.commit(events, await self._route(events))
                 progress.groups += 1
                 progress.records += len(events)
                 progress.last_group_done = self.state.last_data = time.monotonic()
@@ -145,8 +143,8 @@ class DetectRunner:
             if tp not in state.owned or (nxt is not None and m.offset < nxt):
                 state.skipped += 1
                 continue
-            if nxt is not None and m.offset > nxt:
-                for g in await self._fetch_between(m.topic, m.partition, nxt, m.offset):
+            if nxt is not None and m.offset > nxt:  # records skipped: declared a gap
+                for g in await self.checkpoint.fetch_skipped(m.topic, m.partition, nxt, m.offset):
                     state.refetched += 1
                     todo.append((m.topic, m.partition, g.offset(), g.value()))
             todo.append((m.topic, m.partition, m.offset, m.value))
@@ -156,15 +154,6 @@ class DetectRunner:
         loop = asyncio.get_running_loop()
         out = await loop.run_in_executor(self.pool, core.route_group, todo, now)
         return self._advanced(out, now)
-
-    async def _fetch_between(self, topic: str, partition: int, start: int, end: int) -> list[Any]:
-        """Records ``[start, end)`` the stream never handed over (offsets are contiguous)."""
-        got: list[Any] = await asyncio.get_running_loop().run_in_executor(
-            None, fetch_range, self.conf, topic, partition, start, end
-        )
-        log.warning("%s[%d]: offsets %d..%d never reached the agent; fetched %d",
-                    topic, partition, start, end - 1, len(got))  # fmt: skip
-        return got
 
     async def assigned(self, assigned: set[TP]) -> None:
         """Partitions newly assigned are warmed up in the background (the rebalance
@@ -196,7 +185,7 @@ class DetectRunner:
                     self.pool, warm_up, self.conf, cfg.group, core, parts, keep, cfg.lookback_s,
                     cfg.warmup_stall_s,
                 )  # fmt: skip
-                await self._publish(core.messages(out))
+                await self.checkpoint.publish(core.messages(out))
                 for s in spans:
                     self.state.next_offset[(s.topic, s.partition)] = s.resume
                 log.info(
@@ -222,7 +211,7 @@ class DetectRunner:
             msgs = self._advanced(Emitted(), now)  # the watermark first, then what it makes due
             pending = self.core.refined_pending(self._high)
             out = self.core.detector.tick(now, refined_pending=pending)
-            await self._publish(msgs + self.core.messages(out))
+            await self.checkpoint.publish(msgs + self.core.messages(out))
         self.telemetry.gauge("detect.groups", self.progress.groups)
         idle = time.monotonic() - self.state.last_data
         if self.cfg.idle_exit_s is not None and idle > self.cfg.idle_exit_s:
@@ -236,7 +225,7 @@ class DetectRunner:
         self.state.flushed = True
         await asyncio.wait_for(self.lock.acquire(), 10)
         try:
-            await self._publish(self.core.messages(self.core.detector.flush()))
+            await self.checkpoint.publish(self.core.messages(self.core.detector.flush()))
         finally:
             self.lock.release()
 

@@ -1,7 +1,7 @@
-"""Running a Faust app of this project: its group's progress for ``/health``, publishing through
-the process's output producer (acknowledged before anything is acked), Faust's groups whose
-acks only the caller gives, credentials, and the process runner that ends a crashed app
-non-zero. Shared by the worker and detect."""
+"""Running a Faust app of this project: its group's progress for ``/health``, Faust's groups
+whose acks only the caller gives (each service's checkpoint: :mod:`services.worker.checkpoint`,
+:mod:`services.detect.checkpoint`), credentials, and the process runner that ends a crashed
+app non-zero. Shared by the worker and detect."""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ from typing import Any
 import faust
 
 from services.kafka import hooks, internals
-from services.kafka.outputs import OutMessage, OutputProducer
 from services.settings import KafkaSettings
 
 log = logging.getLogger(__name__)
@@ -36,16 +35,6 @@ class Progress:
         if busy and time.monotonic() - self.last_group_started > stall_after_s:
             return False
         return self.commit_stalled_s <= stall_after_s
-
-
-async def publish_acked(
-    app: faust.App, outputs: OutputProducer, messages: list[OutMessage]
-) -> None:
-    """Send ``messages`` through the process's output producer and wait until every one is
-    acknowledged; raise (and crash the agent) on anything else. A message sent twice (by a
-    replay) is harmless: every output carries its lineage and consumers dedupe on it.
-    (``app`` is unused: nothing goes through the app's own producer.)"""
-    await outputs.publish(messages)
 
 
 @contextlib.asynccontextmanager

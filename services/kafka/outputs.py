@@ -7,9 +7,10 @@ thread, the same thread that refines. librdkafka does both in its own threads, i
 the GIL, so the refining thread only enqueues. Measured with py-spy on ``refinery worker``
 over a preloaded raw topic: aiokafka's send path took about a fifth of the refining thread.
 
-The contract of :meth:`OutputProducer.publish` is that of the agents' ``publish_acked``:
-every message is acknowledged by the broker (``acks=all``, idempotent, so librdkafka's own
-retries never write a message twice) before it returns; anything not acknowledged raises
+The contract of :meth:`OutputProducer.publish`, on which the checkpoints
+(``services/worker/checkpoint.py``, ``services/detect/checkpoint.py``) ack records: every
+message is acknowledged by the broker (``acks=all``, idempotent, so librdkafka's own retries
+never write a message twice) before it returns; anything not acknowledged raises
 :class:`OutputError` and the agent crashes, its records stay uncommitted and the next owner
 replays them. Keys go to partitions with murmur2, as the Java client and aiokafka do, so a
 node's records land on the same partition as before and as every other Kafka client puts

@@ -50,14 +50,14 @@ from services.kafka.watch import CommitWatch
 from services.settings import KafkaSettings
 from services.telemetry import ServiceTelemetry
 from services.worker.checkpoint import Checkpoint
-from services.worker.config import InputTopics, WorkerConfig
+from services.worker.config import WorkerConfig
 from services.worker.gaps import GapGuard
 from services.worker.groups import GroupRunner, Lane
 from services.worker.guard import DeadLetterStep
 from services.worker.health import WorkerWatch
 from services.worker.refiner import Refiner
 
-__all__ = ["InputTopics", "Worker", "WorkerConfig", "build_app"]
+__all__ = ["Worker", "WorkerConfig", "build_app"]
 
 log = logging.getLogger(__name__)
 
@@ -82,16 +82,16 @@ def build_app(
     cat = catalog or default_catalog()
     kafka_internals.install()  # no batch of the inputs inflates past its bound
     app = _faust_app(kafka, cfg)
-    feed = TopologyFeed(kafka.librdkafka(), cfg.inputs.topology, cfg.inputs.jobs)
+    feed = TopologyFeed(kafka.librdkafka(), cfg.topics.topology, cfg.topics.jobs)
     view = TopologyView(feed)
     streams = _table(app, "refine-streams", cfg.raw_partitions)
     nodes = _table(app, "refine-nodes", cfg.raw_partitions)
     aligned = _table(app, "align-streams", cfg.record_partitions)
-    ingest = IngestDecoder(dict(cfg.inputs.ingest), cat) if cfg.inputs.ingest else None
-    refiner = Refiner(
-        cat, cfg.outputs, view.index, _loader(streams), _loader(nodes), cfg.refine, ingest
-    )
-    aligner = Refiner(cat, cfg.outputs, view.index, _loader(aligned), lambda _: None, cfg.refine)
+    ingest = IngestDecoder(dict(cfg.ingest), cat) if cfg.ingest else None
+    refiner = Refiner(cat, cfg.topics, view.index, _loader(streams), _loader(nodes), cfg.refine,
+                      ingest, cfg.limits)  # fmt: skip
+    aligner = Refiner(cat, cfg.topics, view.index, _loader(aligned), lambda _: None, cfg.refine,
+                      limits=cfg.limits)  # fmt: skip
     outputs = OutputProducer(kafka, cfg.app_id)
     every_s, limit = cfg.checkpoint_every_s, cfg.dead_letters
     refine_cp = Checkpoint(every_s, outputs, streams, nodes, refiner.dirty_blobs)
@@ -102,7 +102,7 @@ def build_app(
     guard = GapGuard(app, kafka.librdkafka(), commits, telemetry, cfg.stall_after_s)
     runner = GroupRunner(cfg, [refine, align], outputs, guard, feed, telemetry)
     watch = WorkerWatch(
-        app, cfg.inputs.refined(), runner, commits, guard, feed, telemetry, cfg.stall_after_s
+        app, cfg.inputs(), runner, commits, guard, feed, telemetry, cfg.stall_after_s
     )
     _add_agents(app, cfg, runner, refine, align)
 
@@ -114,7 +114,7 @@ def build_app(
         log.info("topology feed %s", "caught up" if caught else "not caught up after 60 s")
 
     async def subscribed() -> None:
-        log.info("worker: subscribed to %s as group %s", ", ".join(sorted(cfg.inputs.refined())),
+        log.info("worker: subscribed to %s as group %s", ", ".join(sorted(cfg.inputs())),
                  cfg.app_id)  # fmt: skip
 
     async def assigned(partitions: set[Any]) -> None:
@@ -161,8 +161,8 @@ def _add_agents(
     async def align(stream: Any) -> None:
         await runner.run(stream, align_lane)
 
-    raw = (cfg.inputs.raw, *(t for t, _ in cfg.inputs.ingest))
-    records = (cfg.inputs.events, cfg.inputs.collectives)
+    raw = (cfg.topics.raw, *(t for t, _ in cfg.ingest))
+    records = (cfg.topics.events, cfg.topics.collectives)
     for fun, topics, partitions in (
         (refine, raw, cfg.raw_partitions),
         (align, records, cfg.record_partitions),

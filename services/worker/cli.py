@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -183,10 +182,9 @@ def run(args: argparse.Namespace, settings: RefinerySettings) -> int:
     from services.kafka.group import run_worker
     from services.kafka.log import require_cluster
     from services.telemetry import ServiceTelemetry
-    from services.worker.app import InputTopics, WorkerConfig, build_app
+    from services.worker.app import WorkerConfig, build_app
     from services.worker.guard import DeadLetterLimit
     from services.worker.preflight import check_partitions
-    from services.worker.refiner import OutputTopics
 
     if args.web_port:  # taken: one line, exit 2, before Faust binds it in a traceback
         require_free_port(args.web_host, args.web_port)
@@ -201,33 +199,24 @@ def run(args: argparse.Namespace, settings: RefinerySettings) -> int:
     kafka = settings.kafka()
     pre = args.topic_prefix
     cat = TOPICS.with_prefix(pre)
-    inputs = InputTopics(cat.raw, cat.events, cat.collectives, cat.topology, cat.jobs)
-    inputs = replace(inputs, ingest=_ingest_topics(kafka.librdkafka(), pre, args.ingest))
-    outputs = OutputTopics(
-        cat.refined,
-        cat.events_aligned,
-        cat.collectives_aligned,
-        cat.deadletter,
-        cat.accounting,
-        cat.alerts,
-    )
+    ingest = _ingest_topics(kafka.librdkafka(), pre, args.ingest)
     conf = kafka.librdkafka()
     cfg = WorkerConfig(
         app_id=args.app_id,
-        inputs=inputs,
-        outputs=outputs,
-        raw_partitions=args.raw_partitions or _partitions(conf, inputs.raw, 8),
-        replication_factor=args.replication_factor or _shape(conf, inputs.raw, (8, 1))[1],
-        record_partitions=_partitions(conf, inputs.events, 4),
+        topics=cat,
+        ingest=ingest,
+        raw_partitions=args.raw_partitions or _partitions(conf, cat.raw, 8),
+        replication_factor=args.replication_factor or _shape(conf, cat.raw, (8, 1))[1],
+        record_partitions=_partitions(conf, cat.events, 4),
         data_dir=Path(args.data_dir) if args.data_dir else settings.home / "worker",
         web_port=args.web_port or None,
         web_host=args.web_host,
         take_within_s=args.take_within_ms / 1000,
         checkpoint_every_s=args.checkpoint_ms / 1000,
         dead_letters=DeadLetterLimit(args.max_deadletter_share, args.deadletter_window),
-        refine=refine_settings(args, inputs.ingest, pre),
+        refine=refine_settings(args, ingest, pre),
     )
-    check_partitions(conf, cfg.app_id, {"raw": inputs.raw, "events": inputs.events})
+    check_partitions(conf, cfg.app_id, {"raw": cat.raw, "events": cat.events})
     telemetry = ServiceTelemetry("worker", otlp_endpoint=settings.otlp_endpoint)
     keep_heap()
     worker = build_app(kafka, cfg, telemetry)

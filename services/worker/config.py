@@ -1,4 +1,5 @@
-"""What the refining worker is configured with: its input topics and its settings."""
+"""What the refining worker is configured with: the topic catalog it reads and writes, the
+ingest topics it refines with raw, and its settings."""
 
 from __future__ import annotations
 
@@ -6,31 +7,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipelines.refine.types import RefineSettings
-from schemas.topics import TOPICS
+from schemas.topics import TOPICS, Topics
 from services.worker.guard import DeadLetterLimit
-from services.worker.refiner_outputs import OutputTopics
-
-
-@dataclass(frozen=True)
-class InputTopics:
-    raw: str = TOPICS.raw
-    events: str = TOPICS.events
-    collectives: str = TOPICS.collectives
-    topology: str = TOPICS.topology
-    jobs: str = TOPICS.jobs
-    # ingest topics of foreign formats, (topic, format) (schemas.ingest): refined with raw
-    ingest: tuple[tuple[str, str], ...] = ()
-
-    def refined(self) -> set[str]:
-        """The topics whose records the worker refines or aligns."""
-        return {self.raw, self.events, self.collectives} | {t for t, _ in self.ingest}
+from services.worker.refiner_outputs import OutputLimits
 
 
 @dataclass(frozen=True)
 class WorkerConfig:
     app_id: str = "refinery-worker"
-    inputs: InputTopics = field(default_factory=InputTopics)
-    outputs: OutputTopics = field(default_factory=OutputTopics)
+    topics: Topics = TOPICS  # the catalog, with the deployment's prefix (schemas.topics)
+    # ingest topics of foreign formats, (topic, format) (schemas.ingest): refined with raw
+    ingest: tuple[tuple[str, str], ...] = ()
+    limits: OutputLimits = field(default_factory=OutputLimits)  # the largest outputs
     raw_partitions: int = 8
     record_partitions: int = 4  # events and collectives (co-partitioned)
     replication_factor: int = 1
@@ -53,3 +41,8 @@ class WorkerConfig:
     refine: RefineSettings = field(default_factory=lambda: RefineSettings(seq_window=512))
     # more of an agent's last records dead-lettered than this stops the worker (a bad deploy)
     dead_letters: DeadLetterLimit = field(default_factory=DeadLetterLimit)
+
+    def inputs(self) -> set[str]:
+        """The topics whose records the worker refines or aligns."""
+        t = self.topics
+        return {t.raw, t.events, t.collectives} | {name for name, _ in self.ingest}

@@ -51,6 +51,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 
 from pipelines.refine.types import RefineSettings
 from schemas.errors import ConfigError, RefineryError
+from schemas.topics import Topics
 from services.settings import KafkaSettings
 from services.topics import raise_partitions
 from services.worker.growth_plan import (
@@ -67,7 +68,6 @@ from services.worker.growth_plan import (
     rekey,
 )
 from services.worker.preflight import read_marker
-from services.worker.refiner_outputs import OutputTopics
 
 log = logging.getLogger(__name__)
 
@@ -82,11 +82,8 @@ class GrowError(RefineryError):
 @dataclass(frozen=True)
 class GrowConfig:
     app_id: str
-    raw: str
+    topics: Topics  # the catalog, with the deployment's prefix
     ingest: tuple[tuple[str, str], ...]  # ingest topics refined with raw: (topic, format)
-    topology: str
-    jobs: str
-    outputs: OutputTopics
     partitions: int
     refine: RefineSettings
     partitioner: Partitioner = "consistent_random"
@@ -99,7 +96,7 @@ class GrowConfig:
 
     @property
     def inputs(self) -> list[str]:
-        return [self.raw, *(t for t, _ in self.ingest)]
+        return [self.topics.raw, *(t for t, _ in self.ingest)]
 
 
 @dataclass
@@ -122,11 +119,11 @@ def grow(kafka: KafkaSettings, cfg: GrowConfig, say: Callable[[str], None]) -> G
     conf = kafka.librdkafka()
     require_stopped(conf, cfg.app_id)
     counts = _partition_counts(conf, [*cfg.inputs, *cfg.changelogs])
-    raw_n, n_old = counts[cfg.raw], counts.get(cfg.changelogs[0])
+    raw_n, n_old = counts[cfg.topics.raw], counts.get(cfg.changelogs[0])
     if raw_n is None:
-        raise ConfigError(f"{cfg.raw}: no such topic")
+        raise ConfigError(f"{cfg.topics.raw}: no such topic")
     if cfg.partitions < raw_n:
-        raise ConfigError(f"{cfg.raw} has {raw_n} partitions: Kafka cannot lower them to"
+        raise ConfigError(f"{cfg.topics.raw} has {raw_n} partitions: Kafka cannot lower them to"
                           f" {cfg.partitions}")  # fmt: skip
     if n_old is None:  # no state yet: nothing follows the partitions
         raise_partitions(conf, {t: cfg.partitions for t in cfg.inputs})
@@ -134,14 +131,15 @@ def grow(kafka: KafkaSettings, cfg: GrowConfig, say: Callable[[str], None]) -> G
         return GrowReport(raw_n, cfg.partitions)
     marker = _marker(conf, cfg.app_id)
     if n_old == cfg.partitions == raw_n and (marker is None or marker.state == "done"):
-        say(f"{cfg.raw} and the state of {cfg.app_id} have {n_old} partitions: nothing to do")
+        raw = cfg.topics.raw
+        say(f"{raw} and the state of {cfg.app_id} have {n_old} partitions: nothing to do")
         return GrowReport(n_old, n_old)
     try:  # a run cut short raised the state topics already: its start is in the marker
         n_old = grown_from(marker, n_old, cfg.partitions, cfg.partitioner)
     except ValueError as e:
         raise ConfigError(str(e)) from None
     if marker is not None and marker.state == "started":
-        say(f"resuming the growth of {cfg.raw} from {n_old} to {cfg.partitions} partitions")
+        say(f"resuming the growth of {cfg.topics.raw} from {n_old} to {cfg.partitions} partitions")
     rep = GrowReport(n_old, cfg.partitions)
     started = GrowthMarker(n_old, cfg.partitions, cfg.partitioner, "started")
     _write_marker(conf, cfg.app_id, started)
@@ -162,7 +160,7 @@ def grow(kafka: KafkaSettings, cfg: GrowConfig, say: Callable[[str], None]) -> G
     say(f"state re-keyed: {rep.moved} keys moved to their new partitions")
     commit_offsets(conf, cfg.app_id, ends)
     _write_marker(conf, cfg.app_id, GrowthMarker(n_old, cfg.partitions, cfg.partitioner, "done"))
-    say(f"done: {cfg.raw} has {cfg.partitions} partitions; start the workers")
+    say(f"done: {cfg.topics.raw} has {cfg.partitions} partitions; start the workers")
     return rep
 
 

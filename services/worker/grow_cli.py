@@ -89,7 +89,6 @@ def run(args: argparse.Namespace, settings: RefinerySettings) -> int:
     from services.kafka.log import require_cluster
     from services.worker.clock_flags import refine_settings
     from services.worker.grow import GrowConfig, grow
-    from services.worker.refiner import OutputTopics
 
     logging.basicConfig(level=args.loglevel.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")  # fmt: skip
@@ -101,15 +100,10 @@ def run(args: argparse.Namespace, settings: RefinerySettings) -> int:
     pre = args.topic_prefix
     cat = TOPICS.with_prefix(pre)
     ingest = _ingest(conf, args.app_id, pre, args.ingest)
-    out = OutputTopics(cat.refined, cat.events_aligned, cat.collectives_aligned,
-                       cat.deadletter, cat.accounting, cat.alerts)  # fmt: skip
     cfg = GrowConfig(
         app_id=args.app_id,
-        raw=cat.raw,
+        topics=cat,
         ingest=ingest,
-        topology=cat.topology,
-        jobs=cat.jobs,
-        outputs=out,
         partitions=args.partitions,
         refine=refine_settings(args, ingest, pre),
         partitioner=args.partitioner,

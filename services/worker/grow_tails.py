@@ -27,8 +27,8 @@ from services.worker.refiner import RawRecord, Refiner
 
 if TYPE_CHECKING:
     from pipelines.refine.types import RefineSettings
+    from schemas.topics import Topics
     from services.worker.growth_plan import Partitioner
-    from services.worker.refiner_outputs import OutputTopics
 
 CHUNK = 300  # records refined in one call, as the worker's refine_chunk
 
@@ -41,11 +41,7 @@ class TailConfig(Protocol):
     @property
     def ingest(self) -> tuple[tuple[str, str], ...]: ...
     @property
-    def topology(self) -> str: ...
-    @property
-    def jobs(self) -> str: ...
-    @property
-    def outputs(self) -> OutputTopics: ...
+    def topics(self) -> Topics: ...
     @property
     def refine(self) -> RefineSettings: ...
     @property
@@ -69,13 +65,13 @@ class TailRefiner:
 
         cat = default_catalog()
         self.n_old, self.partitioner = n_old, cfg.partitioner
-        self.feed = TopologyFeed(kafka.librdkafka(), cfg.topology, cfg.jobs)
+        self.feed = TopologyFeed(kafka.librdkafka(), cfg.topics.topology, cfg.topics.jobs)
         self.feed.start()
         self.feed.wait_caught_up(60)
         view = TopologyView(self.feed)
         ingest = IngestDecoder(dict(cfg.ingest), cat) if cfg.ingest else None
         self.refiner = Refiner(
-            cat, cfg.outputs, view.index, load_stream, load_node, cfg.refine, ingest
+            cat, cfg.topics, view.index, load_stream, load_node, cfg.refine, ingest
         )
         self.outputs = OutputProducer(kafka, f"{cfg.app_id}-grow")
         self._now: list[RawRecord] = []

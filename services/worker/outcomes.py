@@ -36,14 +36,15 @@ from schemas.errors import RejectedInput
 from schemas.ingest.assemble import RejectedSamples
 from schemas.reasons import Reason
 from schemas.records import DeadLetter, compact_json
+from schemas.topics import Topics
 from schemas.wire import Batch, PayloadKind
 from services.kafka.outputs import OutMessage
 from services.worker.refiner_outputs import (
     ZSTD,
     Group,
     Outcome,
+    OutputLimits,
     OutputTooLarge,
-    OutputTopics,
     RawRecord,
     detail_of,
     ipc_with,
@@ -57,8 +58,9 @@ class OutputsStep:
     :class:`~services.worker.refiner_outputs.OutputTooLarge` from :meth:`aligned` for rows
     over the aligned topic's limit (the refine step dead-letters the record); nothing else."""
 
-    def __init__(self, topics: OutputTopics) -> None:
+    def __init__(self, topics: Topics, limits: OutputLimits) -> None:
         self.topics = topics
+        self.limits = limits
 
     def reject(
         self, group: Group, i: int, rec: RawRecord, ct: str | None, e: RejectedInput
@@ -97,13 +99,13 @@ class OutputsStep:
         src = batch.envelope.source
         n = batch.table.num_rows
         topic = (
-            self.topics.events
+            self.topics.events_aligned
             if batch.envelope.kind is PayloadKind.EVENTS
-            else self.topics.collectives
+            else self.topics.collectives_aligned
         )
         key = rec.key or src.node.encode()
         value = ipc_stream(table)
-        limit = self.topics.max_aligned_bytes
+        limit = self.limits.max_aligned_bytes
         if len(value) > limit:
             value = ipc_with(table, ZSTD)
         if len(value) > limit:
@@ -167,7 +169,7 @@ class OutputsStep:
 
 
 def rejected_record(
-    topics: OutputTopics, rec: RawRecord, ct: str | None, e: RejectedInput, now_ns: int
+    topics: Topics, rec: RawRecord, ct: str | None, e: RejectedInput, now_ns: int
 ) -> Outcome:
     """A record rejected whole: its dead letter (the original value in it) and accounting.
     A foreign record that decoded before it was rejected (no host identity: an ingest
@@ -179,7 +181,7 @@ def rejected_record(
 
 
 def failed_record(
-    topics: OutputTopics, rec: RawRecord, batch: Batch, e: Exception, now_ns: int
+    topics: Topics, rec: RawRecord, batch: Batch, e: Exception, now_ns: int
 ) -> Outcome:
     """The outcome of a record whose refining raised (:mod:`services.worker.refining`):
     dead-lettered whole (its samples quarantined), its state as before it."""
@@ -195,7 +197,7 @@ def failed_record(
 
 
 def dead_lettered(
-    topics: OutputTopics,
+    topics: Topics,
     rec: RawRecord,
     reason: Reason,
     detail: str,
@@ -219,7 +221,7 @@ def dead_lettered(
 
 
 def dead_letter(
-    topics: OutputTopics,
+    topics: Topics,
     rec: RawRecord,
     reason: Reason,
     detail: str,
@@ -254,7 +256,7 @@ def dead_letter(
 
 
 def sample_dead_letters(
-    topics: OutputTopics, rec: RawRecord, node: str, r: RefineResult, now_ns: int
+    topics: Topics, rec: RawRecord, node: str, r: RefineResult, now_ns: int
 ) -> tuple[list[OutMessage], dict[str, int]]:
     """A dead letter per group of a record's rejected rows (the first with the original
     value), and the samples per reason."""
@@ -273,7 +275,7 @@ def sample_dead_letters(
 
 
 def accounting(
-    topics: OutputTopics,
+    topics: Topics,
     rec: RawRecord,
     outcome: str,
     n: int,

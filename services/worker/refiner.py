@@ -35,37 +35,42 @@ from pipelines.refine.enrich import TopologyIndex
 from pipelines.refine.types import RefineSettings
 from schemas.catalog import Catalog
 from schemas.ingest import IngestDecoder
+from schemas.topics import Topics
 from services.worker.decoding import DecodeStep
 from services.worker.outcomes import OutputsStep
-from services.worker.refiner_outputs import Outcome, OutputTopics, RawRecord
+from services.worker.refiner_outputs import Outcome, OutputLimits, RawRecord
 from services.worker.refiner_state import RefinerState
 from services.worker.refining import RefineStep
 from services.worker.waves import WaveStep
 
-__all__ = ["Outcome", "OutputTopics", "RawRecord", "Refiner"]
+__all__ = ["Outcome", "OutputLimits", "RawRecord", "Refiner"]
 
 
 class Refiner:
     """The refining chain of one agent, wired (see the module). Not thread-safe; one per
-    agent. ``ingest``: the decoder of the topics of foreign formats; None: native only."""
+    agent. ``topics``: the catalog its outputs go to; ``ingest``: the decoder of the topics
+    of foreign formats (None: native only); ``limits``: the largest outputs (default
+    :class:`OutputLimits`)."""
 
     def __init__(
         self,
         catalog: Catalog,
-        topics: OutputTopics,
+        topics: Topics,
         topology: Callable[[], TopologyIndex],
         load_stream: Callable[[str], bytes | None],
         load_node: Callable[[str], bytes | None],
         settings: RefineSettings | None = None,
         ingest: IngestDecoder | None = None,
+        limits: OutputLimits | None = None,
     ) -> None:
         self.catalog = catalog
         self.topics = topics
+        self.limits = limits or OutputLimits()
         self.settings = settings or RefineSettings(seq_window=512)
         # everything it remembers, in one object (the checkpoints write it to the tables)
         self.state = RefinerState(topics.alerts, self.settings.clock, load_stream, load_node)
-        outputs = OutputsStep(topics)
-        waves = WaveStep(topics, outputs)
+        outputs = OutputsStep(topics, self.limits)
+        waves = WaveStep(topics, outputs, self.limits)
         refine = RefineStep(catalog, topology, self.settings, self.state, waves, outputs)
         self.decode = DecodeStep(ingest, self.state, refine, outputs)  # the chain's first step
 

@@ -1,5 +1,6 @@
 """The types of the worker's refining chain, at the bottom of it: the raw record
-(:class:`RawRecord`), the output topics (:class:`OutputTopics`), what a record turns into
+(:class:`RawRecord`), the limits on its outputs (:class:`OutputLimits`; the topics are the
+catalog's, :class:`schemas.topics.Topics`), what a record turns into
 (:class:`Outcome`), and a group of records on its way through the steps (:class:`Group`).
 The steps are :mod:`services.worker.decoding`, :mod:`~services.worker.refining`,
 :mod:`~services.worker.waves` and :mod:`~services.worker.outcomes` (which builds every
@@ -14,7 +15,6 @@ import pyarrow as pa
 
 from pipelines.refine.clock import ClockEstimate
 from pipelines.refine.types import Joined
-from schemas.topics import TOPICS
 from schemas.wire import Batch
 from services.kafka.outputs import OutMessage
 
@@ -39,13 +39,9 @@ class RawRecord:
 
 
 @dataclass(frozen=True)
-class OutputTopics:
-    refined: str = TOPICS.refined
-    events: str = TOPICS.events_aligned
-    collectives: str = TOPICS.collectives_aligned
-    deadletter: str = TOPICS.deadletter
-    accounting: str = TOPICS.accounting
-    alerts: str = TOPICS.alerts
+class OutputLimits:
+    """What the worker's outputs may be, beside the topics they go to."""
+
     # the largest message values the worker sends, below the producer's message.max.bytes
     # (32 MiB) and the broker's limit of each topic (deploy/topics.yaml: 32 MiB for refined,
     # 16 MiB for the aligned ones), with room for key and headers. An output over it is

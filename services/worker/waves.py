@@ -15,14 +15,15 @@ import pyarrow as pa
 from pipelines.refine.types import RefineResult
 from schemas.codec import ARROW, ipc_stream_within
 from schemas.records import lineage_header
+from schemas.topics import Topics
 from schemas.wire import Batch
 from services.kafka.outputs import OutMessage
 from services.worker.outcomes import OutputsStep
 from services.worker.refiner_outputs import (
     ZSTD,
     Group,
+    OutputLimits,
     OutputTooLarge,
-    OutputTopics,
     RawRecord,
     ipc_with,
 )
@@ -36,26 +37,30 @@ class WaveStep:
     alone are over the limit (the refine step dead-letters it); keeps nothing between calls.
     """
 
-    def __init__(self, topics: OutputTopics, outputs: OutputsStep) -> None:
+    def __init__(self, topics: Topics, outputs: OutputsStep, limits: OutputLimits) -> None:
         self.topics = topics
         self.outputs = outputs
+        self.limits = limits
 
     def submit(self, group: Group, items: list[Item], alerts: list[list[OutMessage]]) -> None:
         """``items`` refined together, in group order, each with its clock ``alerts``: each
         record goes on with the refined messages it is the last record of (one message per
         run of one node's rows of a wave, its ``lineage`` header naming each record in it)."""
         fronts: dict[int, list[OutMessage]] = {}
-        for part, msg in wave_messages(self.topics, [x for x in items if x[3].refined_count]):
+        refined = [x for x in items if x[3].refined_count]
+        for part, msg in wave_messages(self.topics, self.limits.max_refined_bytes, refined):
             fronts.setdefault(max(i for i, _, _, _ in part), []).insert(0, msg)
         for (i, rec, batch, res), al in zip(items, alerts, strict=True):
             self.outputs.samples(group, i, rec, batch, res, fronts.get(i, []), al)
 
 
-def wave_messages(topics: OutputTopics, refined: list[Item]) -> list[tuple[list[Item], OutMessage]]:
+def wave_messages(
+    topics: Topics, limit: int, refined: list[Item]
+) -> list[tuple[list[Item], OutMessage]]:
     """The refined messages of a group's records that have refined rows (``refined``, in
     group order), each with the records it holds: a message per run of one node's adjacent
     rows of a wave (:func:`refined_messages`). Raises :class:`OutputTooLarge` for a record
-    whose rows alone are over the limit."""
+    whose rows alone are over ``limit`` (bytes)."""
     runs = _runs(refined)
     rows = [sum(x[3].refined_count for x in run) for run in runs]
     # each wave's rows as one record batch, with the runs (first row, rows) it sends
@@ -70,17 +75,16 @@ def wave_messages(topics: OutputTopics, refined: list[Item]) -> list[tuple[list[
     }
     out: list[tuple[list[Item], OutMessage]] = []
     for run, n in zip(runs, rows, strict=True):
-        out += refined_messages(topics, run, waves[id(run[0][3].wave_rows)], n)
+        out += refined_messages(topics, limit, run, waves[id(run[0][3].wave_rows)], n)
     return out
 
 
 def refined_messages(
-    topics: OutputTopics, run: list[Item], whole: WaveRows, n: int
+    topics: Topics, limit: int, run: list[Item], whole: WaveRows, n: int
 ) -> list[tuple[list[Item], OutMessage]]:
     """The refined messages of a run (see :func:`_runs`) with the records each holds: one
-    for the whole run, or one per record where that is over the output limit; raises
+    for the whole run, or one per record where that is over ``limit`` (bytes); raises
     :class:`OutputTooLarge` for a record whose rows alone are."""
-    limit = topics.max_refined_bytes
     bound = whole.bounds.get(run[0][3].wave_start)
     msg = _refined_message(topics, run, whole, n, bound)
     if (bound is not None and bound <= limit) or len(msg.value) <= limit:
@@ -93,11 +97,13 @@ def refined_messages(
             f"{n} refined rows are {len(msg.value)} bytes with zstd > {limit}"
             " (a record's rows go out in one message)"
         )
-    return [out for x in run for out in refined_messages(topics, [x], whole, x[3].refined_count)]
+    return [
+        out for x in run for out in refined_messages(topics, limit, [x], whole, x[3].refined_count)
+    ]
 
 
 def _refined_message(
-    topics: OutputTopics,
+    topics: Topics,
     run: list[Item],
     whole: WaveRows,
     n: int,

@@ -24,11 +24,11 @@ from pipelines.refine.enrich import TopologyIndex
 from schemas.catalog import Catalog, default_catalog
 from schemas.codec import ARROW, ENVELOPE_KEY, JSON, decode, encode
 from schemas.errors import RejectedInput
+from schemas.topics import TOPICS
 from schemas.wire import Envelope
-from services.worker.refiner import OutputTopics, RawRecord, Refiner
+from services.worker.refiner import RawRecord, Refiner
 
 S = 1_000_000_000
-TOPICS = OutputTopics()
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,8 @@ from pipelines.refine.enrich import TopologyIndex
 from pipelines.refine.types import RefineSettings
 from schemas.catalog import default_catalog
 from schemas.ingest import IngestDecoder
-from services.worker.refiner import Outcome, OutputTopics, RawRecord, Refiner
+from schemas.topics import TOPICS
+from services.worker.refiner import Outcome, RawRecord, Refiner
 
 S = 1_000_000_000
 T0 = 1_700_000_000 * S
@@ -185,7 +186,7 @@ def _records() -> list[RawRecord]:
 def _refine(recs: list[RawRecord], clocks: dict[str, ClockEstimator] | None) -> list[Outcome]:
     topo = TopologyIndex([], [])
     timing = {"lp": DeclaredTiming(15 * S), "cd": DeclaredTiming(5 * S, 2 * S)}
-    refiner = Refiner(default_catalog(), OutputTopics(), lambda: topo, lambda _: None,
+    refiner = Refiner(default_catalog(), TOPICS, lambda: topo, lambda _: None,
                       lambda _: None, RefineSettings(seq_window=512, declared=timing),
                       IngestDecoder({"lp": "influx", "cd": "collectd_counters"}))  # fmt: skip
     if clocks is not None:
@@ -202,7 +203,7 @@ def test_ingest_records_refine_as_with_the_old_algorithms() -> None:
     estimator in every stream."""
     recs = _records()
     got = _refine(recs, None)
-    probe = Refiner(default_catalog(), OutputTopics(), lambda: TopologyIndex([], []),
+    probe = Refiner(default_catalog(), TOPICS, lambda: TopologyIndex([], []),
                     lambda _: None, lambda _: None, RefineSettings(seq_window=512),
                     IngestDecoder({"lp": "influx", "cd": "collectd_counters"}))  # fmt: skip
     probe.process_group(recs, T0)

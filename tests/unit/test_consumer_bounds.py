@@ -14,8 +14,8 @@ import pytest
 
 from lab.detect_reference import DetectService
 from schemas.catalog import default_catalog
+from schemas.topics import TOPICS
 from services.alerts import tail, webhook
-from services.detect.core import DetectTopics
 from services.detect.detector import Detector
 from services.kafka.internals import LIBRDKAFKA_CONSUMER_BOUNDS
 from services.lake.land import LandingService
@@ -51,7 +51,7 @@ def test_the_lander_is_bounded(tmp_path: Path) -> None:
 
 
 def test_detect_is_bounded(seen: list[dict[str, Any]]) -> None:
-    svc = DetectService(CONF, DetectTopics(), Detector(default_catalog()), ServiceTelemetry("t"))
+    svc = DetectService(CONF, TOPICS, Detector(default_catalog()), ServiceTelemetry("t"))
     with pytest.raises(_Refused):
         svc.run(lambda: True)
     _bounded(seen[0])

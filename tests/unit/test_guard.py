@@ -16,11 +16,12 @@ from hypothesis import strategies as st
 from pipelines.refine.clock import ClockEstimator
 from schemas.codec import ARROW, encode
 from schemas.records import refined_lineage
+from schemas.topics import TOPICS
 from schemas.wire import Batch, ClockBlock
 from services.kafka.outputs import OutMessage
 from services.worker.decoding import DecodeStep
 from services.worker.guard import recoverable
-from services.worker.refiner import Outcome, OutputTopics, RawRecord, Refiner
+from services.worker.refiner import Outcome, OutputLimits, RawRecord, Refiner
 from services.worker.refiner_state import CLONED, clone
 from services.worker.state import StreamState, decode_overlap
 from tests.unit.test_refine import CAT, NOW, TOPO, S, batch, ctr
@@ -53,8 +54,8 @@ def _rec(seq: int, offset: int, rows: int = 1, exporter: str = "node",
                      (t + 3_000_000) // 1_000_000)  # fmt: skip
 
 
-def _refiner(topics: OutputTopics | None = None) -> Refiner:
-    r = Refiner(CAT, topics or OutputTopics(), lambda: TOPO, lambda _: None, lambda _: None)
+def _refiner(limits: OutputLimits | None = None) -> Refiner:
+    r = Refiner(CAT, TOPICS, lambda: TOPO, lambda _: None, lambda _: None, limits=limits)
     d = r.decode  # the chain's first step, rebuilt lenient on the same next steps
     r.decode = _LenientDecode(d.ingest, d.state, d.refine, d.outputs)
     return r
@@ -120,7 +121,7 @@ def test_a_refined_message_over_the_limit_is_split_per_record() -> None:
     one = r.process_group([_rec(1, 10, rows=200)], NOW)
     size = len(_values(one[0].messages, "telemetry.refined")[0])
     # two records of one node whose rows together are over the limit, each alone under it
-    r = _refiner(OutputTopics(max_refined_bytes=int(size * 1.5)))
+    r = _refiner(OutputLimits(max_refined_bytes=int(size * 1.5)))
     outs = r.process_group([_rec(1, 10, rows=200), _rec(2, 11, rows=200)], NOW)
     assert [o.outcome for o in outs] == ["refined", "refined"]
     for o, offset in zip(outs, (10, 11), strict=True):
@@ -133,11 +134,11 @@ def test_a_record_whose_output_is_over_the_limit_even_compressed_is_dead_lettere
     r = _refiner()
     plain = len(_values(r.process(_rec(1, 10, rows=2000), NOW).messages, "telemetry.refined")[0])
     # compressed (zstd) when over the limit: every Arrow reader reads it as it is
-    r = _refiner(OutputTopics(max_refined_bytes=plain - 1))
+    r = _refiner(OutputLimits(max_refined_bytes=plain - 1))
     (msg,) = [m for m in r.process(_rec(1, 10, rows=2000), NOW).messages
               if m.topic == "telemetry.refined"]  # fmt: skip
     assert len(msg.value) < plain and pa.ipc.open_stream(msg.value).read_all().num_rows == 2000
-    r = _refiner(OutputTopics(max_refined_bytes=20_000))
+    r = _refiner(OutputLimits(max_refined_bytes=20_000))
     out = r.process_group([_rec(1, 10, rows=2000), _rec(2, 11, rows=1)], NOW)
     assert [o.outcome for o in out] == ["deadletter", "refined"]
     (dl,) = [json.loads(m.value) for m in out[0].messages if m.topic == "telemetry.deadletter"]

@@ -264,13 +264,14 @@ def test_every_bench_adapter_message_refines_whole() -> None:
     from lab.bench.ingest import SECOND, adapters, decode_rate
     from pipelines.refine.enrich import TopologyIndex
     from schemas.catalog import default_catalog
-    from services.worker.refiner import OutputTopics, RawRecord, Refiner
+    from schemas.topics import TOPICS
+    from services.worker.refiner import RawRecord, Refiner
 
     for a in adapters():
         assert decode_rate(a, 0.01) > 0
         start = NOW - 10 * SECOND
         topo = TopologyIndex([], [])
-        refiner = Refiner(default_catalog(), OutputTopics(), lambda t=topo: t, lambda _: None,
+        refiner = Refiner(default_catalog(), TOPICS, lambda t=topo: t, lambda _: None,
                           lambda _: None, ingest=IngestDecoder({"t": a.format}))  # fmt: skip
         recs = [RawRecord("t", 0, i, b"b000", a.message(i, start + i * SECOND), [],
                           (start + i * SECOND) // 1_000_000) for i in range(3)]  # fmt: skip

@@ -18,7 +18,8 @@ import pytest
 from pipelines.refine.enrich import TopologyIndex
 from schemas.catalog import default_catalog
 from schemas.ingest import IngestDecoder, Position
-from services.worker.refiner import OutputTopics, RawRecord, Refiner
+from schemas.topics import TOPICS
+from services.worker.refiner import RawRecord, Refiner
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "ingest"
 NOW = 1_800_000_000_000_000_000
@@ -31,7 +32,7 @@ def _refine(fmt: str, msgs: list[Message]) -> tuple[int, int, Counter[str]]:
     """(samples in, samples dead-lettered as unknown_metric, each unmapped name's samples) of
     ``msgs`` refined as the records of one partition of a topic of format ``fmt``."""
     topo = TopologyIndex([], [])
-    refiner = Refiner(default_catalog(), OutputTopics(), lambda: topo, lambda _: None,
+    refiner = Refiner(default_catalog(), TOPICS, lambda: topo, lambda _: None,
                       lambda _: None, ingest=IngestDecoder({"t": fmt}))  # fmt: skip
     recs = [RawRecord("t", 0, i, key, value, [], NOW // 1_000_000) for i, (key, value)
             in enumerate(msgs)]  # fmt: skip
@@ -123,7 +124,7 @@ def _outputs(
 ) -> list[tuple[dict[str, object], list[dict[str, object]]]]:
     """Per record: its accounting document and its dead letters."""
     topo = TopologyIndex([], [])
-    topics = OutputTopics()
+    topics = TOPICS
     refiner = Refiner(default_catalog(), topics, lambda: topo, lambda _: None, lambda _: None,
                       ingest=IngestDecoder({"t": fmt}))  # fmt: skip
     recs = [RawRecord("t", 0, i, key, value, [], NOW // 1_000_000) for i, (key, value)

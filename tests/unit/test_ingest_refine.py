@@ -12,13 +12,13 @@ import pytest
 from pipelines.refine.enrich import TopologyIndex
 from schemas.catalog import default_catalog
 from schemas.ingest import IngestDecoder
+from schemas.topics import TOPICS
 from services.kafka.outputs import OutMessage
-from services.worker.refiner import Outcome, OutputTopics, RawRecord, Refiner
+from services.worker.refiner import Outcome, RawRecord, Refiner
 from services.worker.state import decode_overlap
 
 S = 1_000_000_000
 T0 = 1_700_000_000 * S
-TOPICS = OutputTopics()
 
 
 def _refiner() -> Refiner:

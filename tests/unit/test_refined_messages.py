@@ -13,12 +13,13 @@ from pipelines.refine.enrich import TopologyIndex
 from schemas.catalog import default_catalog
 from schemas.codec import ARROW, encode
 from schemas.records import compact_json, lineage_header, refined_lineage
+from schemas.topics import TOPICS
 from schemas.wire import SAMPLES_SCHEMA, Batch, Envelope, SourceId
-from services.detect.core import DetectCore, DetectTopics
+from services.detect.core import DetectCore
 from services.detect.detector import Detector
 from services.kafka.outputs import OutMessage
 from services.telemetry import ServiceTelemetry
-from services.worker.refiner import OutputTopics, RawRecord, Refiner
+from services.worker.refiner import RawRecord, Refiner
 
 S = 1_000_000_000
 NOW = 1_700_000_000 * S
@@ -46,7 +47,7 @@ def _record(node: str, exporter: str, seq: int, offset: int, raw: int) -> RawRec
 
 
 def _refiner() -> Refiner:
-    return Refiner(CAT, OutputTopics(), lambda: TOPO, lambda _: None, lambda _: None)
+    return Refiner(CAT, TOPICS, lambda: TOPO, lambda _: None, lambda _: None)
 
 
 def _refined(msgs: list[OutMessage]) -> list[OutMessage]:
@@ -95,7 +96,7 @@ def test_lineage_header_reads_a_list_and_a_single_object() -> None:
 
 
 def test_detect_skips_the_replayed_rows_of_a_message_and_keeps_the_rest() -> None:
-    core = DetectCore(DetectTopics(), Detector(CAT), ServiceTelemetry("test"))
+    core = DetectCore(TOPICS, Detector(CAT), ServiceTelemetry("test"))
     recs = [_record("n1", "a", 1, 10, 100), _record("n1", "b", 1, 11, 500)]
     (first,) = [
         m for o in _refiner().process_group(recs, NOW + 10 * S) for m in _refined(o.messages)
@@ -131,7 +132,7 @@ def test_compact_json_writes_the_bytes_json_dumps_does() -> None:
 def test_refined_rows_name_their_raw_topic_and_detect_skips_replays_per_topic() -> None:
     """An ingest topic's offsets are its own: its record at an offset below telemetry.raw's
     in the same partition is not a replay, in one message with raw's or alone."""
-    core = DetectCore(DetectTopics(), Detector(CAT), ServiceTelemetry("test"))
+    core = DetectCore(TOPICS, Detector(CAT), ServiceTelemetry("test"))
     ingest = "telemetry.ingest.otlp"
     raw = _record("n1", "a", 1, 50, 100)
     recs = [raw, replace(_record("n1", "b", 1, 10, 500), topic=ingest)]
@@ -157,7 +158,7 @@ def test_refined_rows_name_their_raw_topic_and_detect_skips_replays_per_topic() 
 
 
 def test_detect_reads_rows_without_raw_topic_as_telemetry_raw() -> None:
-    core = DetectCore(DetectTopics(), Detector(CAT), ServiceTelemetry("test"))
+    core = DetectCore(TOPICS, Detector(CAT), ServiceTelemetry("test"))
     (m,) = [
         m
         for o in _refiner().process_group([_record("n1", "a", 1, 5, 100)], NOW + 10 * S)

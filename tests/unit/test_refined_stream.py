@@ -16,7 +16,8 @@ from lab.simulate.messages import Stream
 from pipelines.refine.enrich import TopologyIndex
 from schemas.catalog import default_catalog
 from schemas.codec import ipc_stream, ipc_stream_within
-from services.worker.refiner import OutputTopics, RawRecord, Refiner
+from schemas.topics import TOPICS
+from services.worker.refiner import RawRecord, Refiner
 from services.worker.waves import WaveRows
 
 S = 1_000_000_000
@@ -36,7 +37,7 @@ def _wave() -> pa.RecordBatch:
                 recs.append(RawRecord("raw", 0, off, m.key, body, [("content-type", ct.encode())],
                                       m.due_ns // 10**6))  # fmt: skip
     topo = TopologyIndex(sim.cluster.topology(), sim.cluster.jobs(T0))
-    ref = Refiner(default_catalog(), OutputTopics(), lambda: topo, lambda _: None, lambda _: None)
+    ref = Refiner(default_catalog(), TOPICS, lambda: topo, lambda _: None, lambda _: None)
     ref.process_group(recs[: len(recs) // 2], T0 + 10 * S)
     # the second half in one call: one wave's table, read back from a refined result
     from pipelines.refine.batch import RawBatch, refine_group

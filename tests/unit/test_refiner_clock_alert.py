@@ -9,7 +9,8 @@ import pyarrow as pa
 
 from pipelines.refine.enrich import TopologyIndex
 from schemas.codec import ARROW, encode
-from services.worker.refiner import OutputTopics, RawRecord, Refiner
+from schemas.topics import TOPICS
+from services.worker.refiner import RawRecord, Refiner
 from services.worker.state import StreamState
 from tests.unit.test_refine import CAT, NOW, TOPO, S, batch, ctr
 
@@ -35,7 +36,7 @@ def _alerts(refiner: Refiner, recs: list[RawRecord], now: int) -> list[dict[str,
 def _refiner(blobs: dict[str, bytes] | None = None) -> Refiner:
     topo: TopologyIndex = TOPO
     store = blobs or {}
-    return Refiner(CAT, OutputTopics(), lambda: topo, store.get, lambda _: None)
+    return Refiner(CAT, TOPICS, lambda: topo, store.get, lambda _: None)
 
 
 def test_clock_alert_id_is_the_same_on_a_replay_and_after_a_restart() -> None:

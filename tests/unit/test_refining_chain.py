@@ -11,8 +11,9 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from schemas.topics import TOPICS, Topics
 from services.worker.outcomes import OutputsStep
-from services.worker.refiner import Outcome, OutputTopics, RawRecord, Refiner
+from services.worker.refiner import Outcome, OutputLimits, RawRecord, Refiner
 from services.worker.refiner_outputs import Group
 from tests.unit.test_guard import _rec
 from tests.unit.test_refine import CAT, NOW, TOPO, S
@@ -21,7 +22,7 @@ CHAIN = ["decoding.py", "refining.py", "waves.py", "outcomes.py"]  # the steps, 
 
 
 def _refiner() -> Refiner:
-    return Refiner(CAT, OutputTopics(), lambda: TOPO, lambda _: None, lambda _: None)
+    return Refiner(CAT, TOPICS, lambda: TOPO, lambda _: None, lambda _: None)
 
 
 def _walk(run: Callable[[], Any]) -> list[str]:
@@ -85,8 +86,8 @@ def test_a_rejected_or_replayed_record_goes_straight_to_the_outputs_step() -> No
 class _Recording(OutputsStep):
     """The outputs step, saying which of its entries each record came in by."""
 
-    def __init__(self, topics: OutputTopics) -> None:
-        super().__init__(topics)
+    def __init__(self, topics: Topics, limits: OutputLimits) -> None:
+        super().__init__(topics, limits)
         self.entries: list[tuple[str, int]] = []
 
     def reject(self, group: Group, i: int, *args: Any) -> None:
@@ -111,9 +112,9 @@ def test_each_record_of_a_group_reaches_the_outputs_step_once_in_its_slot() -> N
     from services.worker.refining import RefineStep
     from services.worker.waves import WaveStep
 
-    outputs = _Recording(ref.topics)
-    refine = RefineStep(CAT, lambda: TOPO, ref.settings, ref.state, WaveStep(ref.topics, outputs),
-                        outputs)  # fmt: skip
+    outputs = _Recording(ref.topics, ref.limits)
+    waves = WaveStep(ref.topics, outputs, ref.limits)
+    refine = RefineStep(CAT, lambda: TOPO, ref.settings, ref.state, waves, outputs)
     chain = DecodeStep(None, ref.state, refine, outputs)
     bad = RawRecord("telemetry.raw", 0, 12, b"n1", b"\x00", [], NOW // 1_000_000)
     outs = chain.submit([_rec(2, 11), rec, bad, _rec(3, 13)], NOW + 60 * S)

@@ -16,7 +16,8 @@ import numpy as np
 
 from schemas.catalog import default_catalog
 from schemas.codec import ipc_stream
-from services.detect.core import DetectCore, DetectTopics
+from schemas.topics import TOPICS
+from services.detect.core import DetectCore
 from services.detect.detector import Detector, Emitted
 from services.telemetry import ServiceTelemetry
 from tests.unit.derived_helpers import T0, S, refined
@@ -28,7 +29,6 @@ EXPORTERS = {"gpu": ("gpu0", "gpu.temp", 60.0), "node": ("node", "mem.available_
 STOPS = ("n03|gpu|0", 50)  # this source really stops after 50 s
 SKEWED = ("n04", 30, 40, 20 * S)  # its aligned ts run 20 s ahead from 30 s to 40 s
 KILLED, RESTARTED = 20, 45  # the refiner is down in between (true seconds)
-TOPICS = DetectTopics()
 
 
 @dataclass
