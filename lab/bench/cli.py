@@ -81,13 +81,15 @@ class Sizes:
     detect: tuple[tuple[int, ...], int] = ((24, 96, 384), 30)
     # stages: node counts each stage drains as a process, seconds simulated each
     stages: tuple[tuple[int, ...], int] = ((32, 128), 30)
+    # the backlog (nodes, seconds) the pipeline drains for the freshness run's load
+    pipeline_capacity: tuple[int, int] = (32, 30)
 
     @classmethod
     def of(cls, mode: str) -> Sizes:
         if mode == "smoke":  # every figure once, at sizes too small to mean much (CI)
             return cls(
                 150_000, 20, 10, 15, 1, 20_000, 5, 60.0, 25, 60_000.0, False, (8, 60, 1),
-                (0.2, 40, 0), ((8, 16, 32), 8), ((4, 8), 5),
+                (0.2, 40, 0), ((8, 16, 32), 8), ((4, 8), 5), (8, 8),
             )  # fmt: skip
         if mode == "quick":
             return cls(
@@ -292,12 +294,12 @@ def _plan(
         return got_rate
 
     def pipeline() -> list[Any]:
-        """Freshness at half the worker's measured maximum (the goal's load); alert latency
-        in a run of its own at the floor load (8 nodes), since at the former the whole
-        pipeline — simulator, worker, detect, lander and broker on one machine — may fall
-        behind and then measures the backlog, not the alerting path. The floor run's
-        freshness is reported next to the other, and the half-load run's alert latency next
-        to the floor run's (no goal: it shows what load does to it)."""
+        """Freshness at half load: half the lower of the worker's measured maximum and the
+        whole pipeline's (worker, detect and lander draining a backlog together, sharing
+        this machine's cores with the broker, as the run does); above the pipeline's
+        maximum the run measures a growing backlog, not the path. Alert latency also in a
+        run of its own at the floor load (8 nodes). The floor run's freshness is reported
+        next to the other, and the half-load run's alert latency next to the floor run's."""
         from lab.bench.harness import S
         from lab.bench.latency import bench_pipeline, bench_worker_freshness
 
@@ -307,7 +309,16 @@ def _plan(
             rate = min(rate, sizes.pipeline_rate_cap)
         half_alert = None
         if "freshness" in names:
-            fresh, half_alert = bench_pipeline(k, rate, sizes.pipeline_s, sizes.incidents_per_kind)
+            from lab.bench.capacity import pipeline_max_rate
+
+            whole = pipeline_max_rate(k, *sizes.pipeline_capacity).samples_per_s
+            load_of = whole if rate is None else min(rate, whole)
+            fresh, half_alert = bench_pipeline(
+                k, load_of, sizes.pipeline_s, sizes.incidents_per_kind
+            )
+            what = ("worker, detect and lander draining a published backlog together; half "
+                    "of it, or of the worker's own maximum if lower, is the load")  # fmt: skip
+            fresh.add("pipeline_max_samples_per_s", whole, "samples/s", note=what)
             out.append(fresh)
             # the worker alone: (publish interval, GPU/NIC samples each, label, phases
             # spread); all nodes at once every 1 s and every 0.2 s, then each node at a phase

@@ -57,7 +57,8 @@ FIGURES = {
         "refined_newest_p99_s",
         "refined_warm_p99_s",
         "duckdb_p99_s",
-        "load_vs_worker_max",
+        "load_vs_max",
+        "pipeline_max_samples_per_s",
         "worker_alone_refined_p99_s",
         "worker_alone_spread_refined_p99_s",  # (0.5 s spread: not smoke)
         "worker_alone_spread_refined_warm_p99_s",
