@@ -35,7 +35,7 @@ import obstore as obs
 from fsspec import AbstractFileSystem
 from fsspec.spec import AbstractBufferedFile
 
-from services.lake.layout import parse_file_name
+from services.lake.layout import live_files, parse_file_name
 from services.lake.store import ObjectInfo
 
 BLOCK_BYTES = 8 << 20
@@ -75,11 +75,11 @@ class BlockCache:
 
 def lake_object_files(objects: list[ObjectInfo]) -> list[ObjectInfo]:
     """Of one dataset's listing (keys ``<ds>/date=D/hour=H/<name>``), the ``*.parquet``
-    objects a reader must read: every data object not covered by another of the same
-    partition in the same hour (``sql/lake.sql``'s rule), and the other ``.parquet``
-    objects there (the seed). Sorted by key."""
-    groups: dict[tuple[str, int], list[tuple[int, int, ObjectInfo]]] = {}
-    out: list[ObjectInfo] = []
+    objects a reader must read: the data objects :func:`~services.lake.layout.live_files`
+    keeps (``sql/lake.sql``'s rule: none covered by another of its partition and hour), and
+    the other ``.parquet`` objects there (the seed). Sorted by key."""
+    by_key: dict[str, ObjectInfo] = {}
+    landed = []
     for o in objects:
         parts = o.key.rsplit("/", 3)
         if (
@@ -89,21 +89,12 @@ def lake_object_files(objects: list[ObjectInfo]) -> list[ObjectInfo]:
             or not parts[3].endswith(".parquet")
         ):
             continue
-        lf = parse_file_name(Path(parts[3]))
-        if lf is None:
-            out.append(o)
-            continue
-        groups.setdefault((o.key.rsplit("/", 1)[0], lf.partition), []).append(
-            (lf.first, lf.last, o)
-        )
-    for group in groups.values():
-        for a_first, a_last, a in group:
-            if not any(
-                b is not a and b_first <= a_first and a_last <= b_last
-                for b_first, b_last, b in group
-            ):
-                out.append(a)
-    return sorted(out, key=lambda o: o.key)
+        by_key[o.key] = o
+        lf = parse_file_name(Path(o.key))
+        if lf is not None:
+            landed.append(lf)
+    covered = {str(f.path) for f in landed} - {str(f.path) for f in live_files(landed)}
+    return sorted((o for k, o in by_key.items() if k not in covered), key=lambda o: o.key)
 
 
 def _info(m: Any) -> ObjectInfo:
