@@ -17,6 +17,11 @@ spent seconds in requests (measured: 91 LISTs, 20 HEADs per refresh; 3 HEADs per
   that size is one GET of the whole object: footer and column chunks together), cached in
   one LRU of ``cache_bytes`` keyed by (key, ETag, block). A query repeated on the same files
   reads them from memory, as a local lake's reader does from the page cache.
+- **Small objects as local files** (:mod:`services.lake.s3mirror`, when ``mirror`` is given):
+  :meth:`LakeReadFS.read_paths` copies the listed objects up to a block whole to a local
+  directory of the connection's own, all fetched at once, and names their local paths, so
+  DuckDB opens, globs and reads them without a call into Python; larger objects keep their
+  ``s3://`` paths and come through the block cache.
 
 Thread-safe (DuckDB calls from its worker threads). Store errors propagate as raised by
 obstore (DuckDB reports them as the query's error).
@@ -36,6 +41,7 @@ from fsspec import AbstractFileSystem
 from fsspec.spec import AbstractBufferedFile
 
 from services.lake.layout import live_files, parse_file_name
+from services.lake.s3mirror import ObjectMirror
 from services.lake.store import ObjectInfo
 
 BLOCK_BYTES = 8 << 20
@@ -114,6 +120,8 @@ class LakeReadFS(AbstractFileSystem):  # type: ignore[misc]
         *,
         block_bytes: int = BLOCK_BYTES,
         cache_bytes: int = CACHE_BYTES,
+        mirror_bytes: int = 0,
+        mirror_dir: str | None = None,
     ) -> None:
         super().__init__()
         self._store_of = store_of
@@ -123,6 +131,12 @@ class LakeReadFS(AbstractFileSystem):  # type: ignore[misc]
         self.block_bytes = block_bytes
         self.cache = BlockCache(cache_bytes)
         self.requests = {"list": 0, "head": 0, "get": 0}
+        self.mirror = (
+            ObjectMirror(self._get_whole, capacity=mirror_bytes, max_object=block_bytes,
+                         parent=mirror_dir)
+            if mirror_bytes > 0
+            else None
+        )  # fmt: skip
 
     def store(self, bucket: str) -> Any:
         with self._lock:
@@ -145,6 +159,19 @@ class LakeReadFS(AbstractFileSystem):  # type: ignore[misc]
             for o in out:
                 self._known[f"{bucket}/{o.key}"] = (o.size, o.etag, o.modified)
         return out
+
+    def read_paths(self, listing: str, bucket: str, objects: list[ObjectInfo]) -> list[str]:
+        """The paths DuckDB reads ``objects`` of ``bucket`` by (the latest listing named
+        ``listing``): local copies of the small ones where a mirror is kept, else
+        ``s3://bucket/key``."""
+        if self.mirror is None:
+            return [f"s3://{bucket}/{o.key}" for o in objects]
+        return self.mirror.paths(listing, bucket, objects)
+
+    def _get_whole(self, bucket: str, key: str) -> tuple[bytes, str]:
+        self.requests["get"] += 1
+        got = obs.get(self.store(bucket), key)
+        return bytes(got.bytes()), str(got.meta["e_tag"])
 
     def info(self, path: str, **kwargs: Any) -> dict[str, Any]:
         bucket, key = self._split(path)

@@ -15,6 +15,10 @@ REFINERY_S3_TIMEOUT_S              one request's timeout                       3
 REFINERY_S3_RETRIES                retries of a failed request (backoff)       5
 REFINERY_S3_READ_BLOCK_MIB         DuckDB reads objects by blocks of this size 8
 REFINERY_S3_READ_CACHE_MIB         cache of read blocks, per connection        256
+REFINERY_S3_READ_MIRROR_MIB        local copies of objects up to a block, per  1024
+                                   connection (0: none)
+REFINERY_S3_READ_MIRROR_DIR        where those copies go (a directory of the   system temp
+                                   connection's own is made there)
 =================================  ==========================================  ===============
 
 Writes go through obstore (its ``PutMode.Create`` sends ``If-None-Match: *``; pyarrow's S3
@@ -68,6 +72,8 @@ class S3Settings(BaseSettings):
     retries: int = Field(default=5, ge=0, le=20)
     read_block_mib: int = Field(default=8, ge=1, le=1024)
     read_cache_mib: int = Field(default=256, ge=0)
+    read_mirror_mib: int = Field(default=1024, ge=0)
+    read_mirror_dir: str | None = None
 
     @property
     def region_name(self) -> str:
@@ -123,6 +129,8 @@ class S3Settings(BaseSettings):
             lambda bucket: self.obstore(LakeLocation(bucket=bucket)),
             block_bytes=self.read_block_mib << 20,
             cache_bytes=self.read_cache_mib << 20,
+            mirror_bytes=self.read_mirror_mib << 20,
+            mirror_dir=self.read_mirror_dir,
         )
 
     def register(self, con: Any) -> Any:

@@ -197,7 +197,7 @@ def _register_object_files(con: duckdb.DuckDBPyConnection, fs: Any, loc: LakeLoc
 
     def files(dataset: str) -> list[str]:
         objects = fs.list_objects(loc.bucket, loc.key(dataset))
-        return [f"s3://{loc.bucket}/{o.key}" for o in lake_object_files(objects)]
+        return fs.read_paths(dataset, loc.bucket, lake_object_files(objects))
 
     con.create_function(
         "lake_object_files", files, [sqltypes.VARCHAR], list_type(sqltypes.VARCHAR),
