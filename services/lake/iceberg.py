@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -105,6 +106,32 @@ def _fileio_properties(s3: S3Settings | None) -> dict[str, str]:
     if s3.session_token is not None:
         props["s3.session-token"] = s3.session_token.get_secret_value()
     return props
+
+
+# pyarrow's S3 errors (AWS SDK error names, curl's) that say the store was out of reach or
+# failing for a while: refused or cut connections, timeouts, 5xx, throttling
+_UNREACHABLE = re.compile(
+    r"NETWORK_CONNECTION|curlCode|SERVICE_UNAVAILABLE|INTERNAL_FAILURE|SLOW_DOWN|THROTTLING"
+    r"|REQUEST_TIMEOUT|Unable to connect|HTTP status 5\d\d"
+)
+
+
+def fileio_unavailable(e: BaseException, where: str) -> StoreUnavailable | None:
+    """``e``, raised by a table's FileIO (pyarrow's S3 file system), as StoreUnavailable
+    (``<where>: cannot reach the store (...)``, as :class:`~services.lake.s3store.S3ObjectStore`
+    says it) when it means the store could not be reached; None for any other error (a
+    missing object, access denied, a local file system's errors)."""
+    if isinstance(e, ConnectionError | TimeoutError):
+        cause = _first_line(e)
+    elif isinstance(e, OSError) and not isinstance(e, FileNotFoundError | PermissionError):
+        text = " ".join(str(e).split())
+        if _UNREACHABLE.search(text) is None:
+            return None
+        cause = text[text.find("AWS Error") :] if "AWS Error" in text else text
+        cause = cause.split(";", 1)[0]
+    else:
+        return None
+    return StoreUnavailable(f"{where}: cannot reach the store ({cause[:160]})")
 
 
 def open_catalog(

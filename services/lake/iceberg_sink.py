@@ -9,13 +9,18 @@ already holds: a zombie lander (its partitions moved while it held a flush) or a
 lost a race lands only what nobody landed yet. pyiceberg's own retry is off (it would re-apply
 the stale append); a CommitFailedException is followed by a re-read, a filter and a retry.
 
-The catalog database going away (a restart, a failover, SQLite locked by another process) is
-transient: every catalog call is retried with backoff for up to ``reconnect_s`` (the engine's
-pooled connections dropped first, so the next attempt connects afresh); a commit whose
-connection broke is of unknown outcome and is followed, like a lost race, by a re-read of the
-offsets and the filter: it lands once whether or not the broken commit reached the database.
-Past ``reconnect_s`` it raises :class:`~services.lake.store.StoreUnavailable` and the lander
-exits for its supervisor to restart it (nothing past the table's offsets was committed to Kafka).
+The catalog database going away (a restart, a failover, SQLite locked by another process) and
+the warehouse's object store going away (restarted, a network partition: the table's FileIO
+cannot upload a data file, read or write metadata) are transient: each attempt of a flush
+(reload, filter, upload, commit) and every other call of the sink is retried with the object
+lake's rule (:func:`~services.lake.store.patiently`: backoff for up to ``reconnect_s``, a
+``cannot reach the store ...: retrying`` warning each time; the engine's pooled connections
+dropped, so the next attempt connects afresh). A retried attempt starts from the re-read
+offsets, so a commit whose connection broke (of unknown outcome) lands once whether or not it
+reached the database; the data files an attempt uploaded are reused by the next while their
+rows are still to land, else left as orphans no snapshot names. Past ``reconnect_s`` it
+raises :class:`~services.lake.store.StoreUnavailable` and the lander exits for its supervisor
+to restart it (nothing past the table's offsets was committed to Kafka).
 
 Data files are written by us (sorted and encoded like the Parquet lake, field ids for every
 reader) as ``<table>/data/date=D/hour=HH/p<part>-<first>-<last>-<uuid>.parquet``, one per UTC
@@ -47,6 +52,7 @@ from services.lake.iceberg import (
     OFFSETS_KEY,
     data_files,
     duckdb_path,
+    fileio_unavailable,
     landed_offsets,
     offsets_property,
     open_table,
@@ -61,7 +67,7 @@ from services.lake.iceberg_files import (
 )
 from services.lake.layout import LakeError, file_name
 from services.lake.sink import Flush
-from services.lake.store import ObjectStore, StoreUnavailable
+from services.lake.store import ObjectStore, StoreUnavailable, patiently
 from services.lake.writer import CrashSeam, sort_table, split_by_hour, write_options
 
 if TYPE_CHECKING:
@@ -127,45 +133,45 @@ class IcebergLakeSink:
         self.reconnect_s = reconnect_s
         self.commits = 0
         self.conflicts = 0
-        self.reconnects = 0  # catalog calls that failed on the connection and were retried
+        self.reconnects = 0  # calls that failed on the catalog's connection or the store, retried
         self._tables: dict[str, Table] = {}
         self._seeded: set[str] = set()
         self._reader: duckdb.DuckDBPyConnection | None = None
+        self._where = seeds.root_url if s3 is None else f"{seeds.root_url} at {s3.where()}"
 
     def table(self, dataset: str) -> Table:
         """The dataset's table, as of the last load (created when absent)."""
+        return self._patiently(lambda: self._table(dataset))
+
+    def _table(self, dataset: str) -> Table:
         got = self._tables.get(dataset)
         if got is None:
-            got = self._tables[dataset] = self._catalog_call(
-                lambda: open_table(self.catalog, self.namespace, dataset)
-            )
+            got = self._tables[dataset] = open_table(self.catalog, self.namespace, dataset)
         return got
 
     def _fresh(self, dataset: str) -> Table:
-        table = self.table(dataset)
-        self._catalog_call(table.refresh)
+        table = self._table(dataset)
+        table.refresh()
         return table
 
-    def _catalog_call(self, call: Callable[[], T]) -> T:
-        """``call()``, retried with backoff while the catalog database cannot be reached (for
-        up to ``reconnect_s``); then StoreUnavailable. Other errors propagate at once."""
-        deadline, attempt = time.monotonic() + self.reconnect_s, 0
-        while True:
-            try:
-                return call()
-            except Exception as e:
-                if not connection_lost(e):
-                    raise
-                if time.monotonic() >= deadline:
-                    raise StoreUnavailable(f"iceberg catalog: {_first_line(e)}") from e
-                self._reconnect(e)
-            time.sleep(min(0.2 * 2**attempt, 5.0) * random.uniform(0.8, 1.2))
-            attempt += 1
+    def _patiently(self, call: Callable[[], T]) -> T:
+        """``call()``, retried while the catalog database or the store cannot be reached (up
+        to ``reconnect_s``: :func:`~services.lake.store.patiently`); then StoreUnavailable.
+        Other errors propagate at once."""
+        return patiently(call, self.reconnect_s, self._retrying, self._unavailable)
 
-    def _reconnect(self, e: BaseException) -> None:
-        """Drop the engine's pooled connections: the next call connects afresh."""
+    def _unavailable(self, e: Exception) -> StoreUnavailable | None:
+        if isinstance(e, StoreUnavailable):  # the seeds' store
+            return e
+        if connection_lost(e):
+            return StoreUnavailable(f"iceberg catalog: {_first_line(e)}")
+        return fileio_unavailable(e, self._where)
+
+    def _retrying(self, e: StoreUnavailable) -> None:
+        """Count and log a retry; drop the engine's pooled connections (the next call
+        connects afresh)."""
         self.reconnects += 1
-        log.warning("iceberg: catalog connection lost (%s): retrying", _first_line(e))
+        log.warning("land: %s: retrying", e)
         self.catalog.engine.dispose()
 
     # --- landing --------------------------------------------------------------------------
@@ -179,30 +185,46 @@ class IcebergLakeSink:
     def land_flushes(self, dataset: str, flushes: Sequence[Flush]) -> list[str]:
         """Commit ``flushes`` (distinct partitions of ``dataset``) as one append, less what the
         table already holds; returns the data files committed (none when nothing was left, or
-        no flush has rows: then no snapshot is made). Blocks on the store and the catalog.
-        Raises LakeError after ``max_attempts`` lost commits; the store's and the catalog's
-        errors propagate (nothing past the table's offsets is committed then)."""
+        no flush has rows: then no snapshot is made). Blocks on the store and the catalog, and
+        while either cannot be reached waits for it (up to ``reconnect_s``: the caller commits
+        no offset meanwhile). Raises LakeError after ``max_attempts`` lost commits,
+        StoreUnavailable past ``reconnect_s``; other errors of the store and the catalog
+        propagate (nothing past the table's offsets is committed then)."""
         if dataset not in DATASETS:
             raise LakeError(f"unknown dataset {dataset!r}")
         self.ensure_seed(dataset)
         written: dict[tuple[int, int, int], list[Any]] = {}
         for attempt in range(self.max_attempts):
-            table = self._fresh(dataset)
-            landed = landed_offsets(table)
-            todo = [t for f in flushes if (t := trim(f, landed.get(f.partition, -1)))]
-            if not any(f.table is not None and f.table.num_rows for f in todo):
-                return []
-            files = self._files(table, dataset, todo, written)
-            ends = {**landed, **{f.partition: f.last for f in todo}}
-            if self.pause is not None:
-                self.pause()
-            self.seam.reach("before_commit")
-            if self._commit(table, files, ends):
-                self.commits += 1
-                return [duckdb_path(f.file_path) for f in files]
+            done = self._patiently(lambda: self._attempt(dataset, flushes, written))
+            if done is not None:
+                return done
             self.conflicts += 1
             time.sleep(random.uniform(0.05, 0.2) * min(attempt + 1, 10))
         raise LakeError(f"{dataset}: {self.max_attempts} commits lost to concurrent writers")
+
+    def _attempt(
+        self,
+        dataset: str,
+        flushes: Sequence[Flush],
+        written: dict[tuple[int, int, int], list[Any]],
+    ) -> list[str] | None:
+        """Reload the table, drop what it holds, upload what is left (once: ``written``) and
+        commit it; the data files committed, or None when another commit came first. Safe to
+        run again after any failure: it starts from the offsets the table holds."""
+        table = self._fresh(dataset)
+        landed = landed_offsets(table)
+        todo = [t for f in flushes if (t := trim(f, landed.get(f.partition, -1)))]
+        if not any(f.table is not None and f.table.num_rows for f in todo):
+            return []
+        files = self._files(table, dataset, todo, written)
+        ends = {**landed, **{f.partition: f.last for f in todo}}
+        if self.pause is not None:
+            self.pause()
+        self.seam.reach("before_commit")
+        if not self._commit(table, files, ends):
+            return None
+        self.commits += 1
+        return [duckdb_path(f.file_path) for f in files]
 
     def _files(
         self,
@@ -224,7 +246,9 @@ class IcebergLakeSink:
 
     def _commit(self, table: Table, files: list[Any], ends: dict[int, int]) -> bool:
         """Append ``files`` with the offsets ``ends``; False when another commit came first
-        (pyiceberg guarantees this one did not land then)."""
+        (pyiceberg guarantees this one did not land then) or its outcome is unknown. A lost
+        catalog connection or store propagates (the retried attempt's reload tells whether
+        it landed)."""
         from pyiceberg.exceptions import CommitFailedException, CommitStateUnknownException
 
         txn = table.transaction()
@@ -239,11 +263,6 @@ class IcebergLakeSink:
             return False
         except CommitStateUnknownException as e:  # the re-read offsets tell whether it landed
             log.warning("iceberg: commit state unknown (%s): re-reading the offsets", e)
-            return False
-        except Exception as e:
-            if not connection_lost(e):
-                raise
-            self._reconnect(e)  # committed or not: the re-read offsets tell
             return False
         return True
 
@@ -271,11 +290,12 @@ class IcebergLakeSink:
 
     def landed_high_water(self, dataset: str) -> dict[int, int]:
         """``{partition: last offset}`` the table holds (re-read from the catalog)."""
-        return landed_offsets(self._fresh(dataset))
+        return self._patiently(lambda: landed_offsets(self._fresh(dataset)))
 
     def live_paths(self, dataset: str, partition: int | None = None) -> list[str]:
         """The current snapshot's data files (of ``partition``'s flushes, when given)."""
-        paths = [duckdb_path(p) for p in data_files(self._fresh(dataset))]
+        found = self._patiently(lambda: data_files(self._fresh(dataset)))
+        paths = [duckdb_path(p) for p in found]
         if partition is None:
             return paths
         return [p for p in paths if p.rsplit("/", 1)[-1].startswith(f"p{partition}-")]
@@ -298,8 +318,10 @@ class IcebergLakeSink:
     def ensure_seed(self, dataset: str) -> None:
         """A zero-row ``<lake>/<dataset>/date=1970-01-01/hour=00/seed.parquet`` with the
         table's columns, listed with the data files so a view binds on an empty table."""
-        if dataset in self._seeded:
-            return
+        if dataset not in self._seeded:
+            self._patiently(lambda: self._ensure_seed(dataset))
+
+    def _ensure_seed(self, dataset: str) -> None:
         key = SEED_KEY.format(dataset=dataset)
         schema = table_schema(dataset)
         if self.store.head(key) is not None:

@@ -31,8 +31,6 @@ from __future__ import annotations
 
 import json
 import logging
-import random
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -52,7 +50,13 @@ from services.lake.layout import (
     parse_file_name,
     parse_hour,
 )
-from services.lake.store import ObjectExists, ObjectInfo, ObjectStore, StoreUnavailable
+from services.lake.store import (
+    ObjectExists,
+    ObjectInfo,
+    ObjectStore,
+    StoreUnavailable,
+    patiently,
+)
 from services.lake.writer import (
     CrashSeam,
     encode_strings,
@@ -139,20 +143,14 @@ class ObjectLakeWriter:
                 ) from None
 
     def _patiently(self, call: Callable[[], T]) -> T:
-        """``call()``, retried with backoff (0.2 s doubling to 5 s) while the store is
-        unreachable, for up to ``reconnect_s``; then its StoreUnavailable propagates. Every
-        call retried this way is idempotent (conditional creates of identical bytes)."""
-        deadline, attempt = time.monotonic() + self.reconnect_s, 0
-        while True:
-            try:
-                return call()
-            except StoreUnavailable as e:
-                if time.monotonic() >= deadline:
-                    raise
-                self.reconnects += 1
-                log.warning("land: %s: retrying", e)
-            time.sleep(min(0.2 * 2**attempt, 5.0) * random.uniform(0.8, 1.2))
-            attempt += 1
+        """``call()``, waiting out an unreachable store (:func:`~services.lake.store.patiently`,
+        up to ``reconnect_s``). Every call retried this way is idempotent (conditional creates
+        of identical bytes)."""
+        return patiently(call, self.reconnect_s, self._retrying)
+
+    def _retrying(self, e: StoreUnavailable) -> None:
+        self.reconnects += 1
+        log.warning("land: %s: retrying", e)
 
     def land(
         self, dataset: str, table: pa.Table, *, partition: int, first: int, last: int

@@ -197,7 +197,8 @@ def _register_object_files(con: duckdb.DuckDBPyConnection, fs: Any, loc: LakeLoc
 
     def files(dataset: str) -> list[str]:
         objects = fs.list_objects(loc.bucket, loc.key(dataset))
-        return fs.read_paths(dataset, loc.bucket, lake_object_files(objects))
+        paths: list[str] = fs.read_paths(dataset, loc.bucket, lake_object_files(objects))
+        return paths
 
     con.create_function(
         "lake_object_files", files, [sqltypes.VARCHAR], list_type(sqltypes.VARCHAR),

@@ -19,6 +19,9 @@ Errors::
         ├── ObjectMissing        get/copy of a key that does not exist
         ├── StoreAccessError     credentials refused, bucket missing: fix the settings
         └── StoreUnavailable     endpoint unreachable or failing after retries (transient)
+
+A writer waits out a store that cannot be reached with :func:`patiently`: one retry rule
+(backoff, budget) for every lake on object storage, Parquet or Iceberg.
 """
 
 from __future__ import annotations
@@ -27,11 +30,13 @@ import contextlib
 import fcntl
 import hashlib
 import os
+import random
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from services.lake.layout import LakeError
 
@@ -58,6 +63,42 @@ class StoreAccessError(StoreError):
 
 class StoreUnavailable(StoreError):
     """The store could not be reached, or kept failing through the client's retries."""
+
+
+T = TypeVar("T")
+
+
+def _unavailable(e: Exception) -> StoreUnavailable | None:
+    return e if isinstance(e, StoreUnavailable) else None
+
+
+def patiently(
+    call: Callable[[], T],
+    reconnect_s: float,
+    retrying: Callable[[StoreUnavailable], None],
+    unavailable: Callable[[Exception], StoreUnavailable | None] = _unavailable,
+) -> T:
+    """``call()``, retried with backoff (0.2 s doubling to 5 s, jittered) while it fails
+    because the store cannot be reached, for up to ``reconnect_s``; then that
+    :class:`StoreUnavailable` propagates. ``unavailable`` says which errors those are (as a
+    StoreUnavailable; None: any other error, which propagates at once), ``retrying`` is told
+    of each retry (to log and count it). The caller makes ``call`` safe to run again:
+    idempotent, or re-reading first what an interrupted run may have done."""
+    deadline, attempt = time.monotonic() + reconnect_s, 0
+    while True:
+        try:
+            return call()
+        except Exception as e:
+            err = unavailable(e)
+            if err is None:
+                raise
+            if time.monotonic() >= deadline:
+                if err is e:
+                    raise
+                raise err from e
+            retrying(err)
+        time.sleep(min(0.2 * 2**attempt, 5.0) * random.uniform(0.8, 1.2))
+        attempt += 1
 
 
 @dataclass(frozen=True)
