@@ -110,7 +110,7 @@ def _positions(
     return pos if len(pos) else None
 
 
-def _runs(index: MetricIndex | pa.Table, pos: Array, cls: Array) -> tuple[pa.Table, list[int]]:
+def _runs(index: MetricIndex | pa.Table, pos: Array, cls: Array) -> pa.Table:
     """The rows of the table (``index``'s) at ``pos``, sorted by series (``node SEP
     device``) and ts, where a series' class ``cls`` (one per position) starts or ends a
     run, with their ``_key`` and ``_cls``. Only the series codes, ts and class are sorted;
@@ -129,8 +129,7 @@ def _runs(index: MetricIndex | pa.Table, pos: Array, cls: Array) -> tuple[pa.Tab
     cols = [c for c in _ROW_READ if c in t.column_names]
     sel = t.select(cols).take(take(pos, take(order, keep)))
     joined = pc.binary_join_element_wise(column(sel, "node"), column(sel, "device"), SEP)
-    sel = sel.append_column("_key", joined).append_column("_cls", take(c, keep))
-    return sel, [int(x) for x in column(sel, "_cls").to_pylist()]
+    return sel.append_column("_key", joined).append_column("_cls", take(c, keep))
 
 
 def _rows(t: pa.Table) -> list[dict[str, Any]]:
@@ -147,15 +146,13 @@ def _lin(row: dict[str, Any], topic: str) -> list[Lineage]:
     return [Lineage(topic=topic, partition=int(p), offset_first=int(o), offset_last=int(o))]
 
 
-def _live(
-    rule_name: str, sel: pa.Table, classes: list[int], book: AlertBook
-) -> tuple[pa.Table, list[int]]:
+def _live(rule_name: str, sel: pa.Table, book: AlertBook) -> pa.Table:
     """The rows of ``sel`` :func:`_walk` may step: those of a series with a HI row in
-    ``sel`` or a state in ``book`` (any other it skips, having no state and not HI), with
-    their classes. Most run boundaries are a quiet series' first and last rows of a batch:
-    making Python rows of them cost more than the rules' Arrow work."""
+    ``sel`` or a state in ``book`` (any other it skips, having no state and not HI). Most
+    run boundaries are a quiet series' first and last rows of a batch: making Python rows
+    (or even Python ints of their classes) of them cost more than the rules' Arrow work."""
     if not sel.num_rows:
-        return sel, classes
+        return sel
     keys = column(sel, "_key")
     hot = pc.unique(keys.filter(pc.equal(column(sel, "_cls"), HI)))
     keep = pc.is_in(keys, value_set=hot)
@@ -163,16 +160,13 @@ def _live(
     if known:
         entity = pc.binary_join_element_wise(column(sel, "node"), column(sel, "device"), "/")
         keep = pc.or_kleene(keep, pc.is_in(entity, value_set=pa.array(known, pa.string())))
-    mask = true_mask(keep)
-    kept = [c for c, k in zip(classes, mask.to_pylist(), strict=True) if k]
-    return sel.filter(mask), kept
+    return sel.filter(true_mask(keep))
 
 
 def _walk(
     rule_name: str,
     for_ns: int,
     sel: pa.Table,
-    classes: list[int],
     book: AlertBook,
     now_ns: int,
     topic: str,
@@ -181,7 +175,8 @@ def _walk(
     """Step each run-boundary row through its series' hysteresis; ``make(row, onset)``
     returns ``(severity, summary, evidence)`` for a firing alert."""
     out: list[Alert] = []
-    sel, classes = _live(rule_name, sel, classes, book)
+    sel = _live(rule_name, sel, book)
+    classes = column(sel, "_cls").to_pylist()
     for row, cls in zip(_rows(sel), classes, strict=True):
         entity = f"{row['node']}/{row['device']}"
         if cls != HI and (rule_name, entity) not in book.states:
@@ -231,7 +226,7 @@ def eval_threshold(
     fire = float(limit)
     resolve = fire if rule.resolve is None else rule.resolve
     values = take(column(index.table, field), pos)
-    sel, classes = _runs(index, pos, classify(values, fire, resolve, below))
+    sel = _runs(index, pos, classify(values, fire, resolve, below))
 
     def make(row: dict[str, Any], onset: int) -> tuple[str, str, dict[str, Any]]:
         v = row.get(field)
@@ -242,7 +237,7 @@ def eval_threshold(
         ev |= {"resolve": resolve, "onset_ns": onset}
         return rule.severity.value, render(rule.summary, vals), ev
 
-    return _walk(rule.name, rule.for_ns, sel, classes, book, now_ns, topic, make)
+    return _walk(rule.name, rule.for_ns, sel, book, now_ns, topic, make)
 
 
 def eval_bitmask(
@@ -264,7 +259,7 @@ def eval_bitmask(
     values = take(column(index.table, "value"), pos)
     hit = pc.not_equal(pc.bit_wise_and(pc.cast(values, pa.int64(), safe=False), mask), 0)
     cls = pc.if_else(hit, pa.scalar(HI, pa.int8()), pa.scalar(LO, pa.int8()))
-    sel, classes = _runs(index, pos, cls)
+    sel = _runs(index, pos, cls)
 
     def make(row: dict[str, Any], onset: int) -> tuple[str, str, dict[str, Any]]:
         v = int(row["value"])
@@ -275,7 +270,7 @@ def eval_bitmask(
         ev = {"metric": rule.metric, "value": v, "reasons": m.decode_bits(v), "onset_ns": onset}
         return rule.severity.value, render(rule.summary, vals), ev
 
-    return _walk(rule.name, rule.for_ns, sel, classes, book, now_ns, topic, make)
+    return _walk(rule.name, rule.for_ns, sel, book, now_ns, topic, make)
 
 
 def _event_alert(
@@ -378,7 +373,7 @@ def eval_metric_events(
     if pos is None:
         return []
     values = take(column(index.table, "value"), pos)
-    sel, _ = _runs(index, pos, pc.cast(values, pa.int64(), safe=False))
+    sel = _runs(index, pos, pc.cast(values, pa.int64(), safe=False))
     out: list[Alert] = []
     for row in _rows(sel):
         key, v = row["_key"], float(row["value"])

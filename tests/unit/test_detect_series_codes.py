@@ -85,10 +85,9 @@ def test_the_walk_keeps_the_rows_of_series_it_may_step() -> None:
             "_cls": pa.array([LO, HI, LO, LO, LO], pa.int8()),
         }
     )
-    classes = [LO, HI, LO, LO, LO]
     book = AlertBook()
     book.get("r", "n3/g0")  # a series with state (pending or firing) from a batch before
     book.get("other", "n2/g0")  # another rule's: not this one's
-    kept, kept_classes = _live("r", sel, classes, book)
+    kept = _live("r", sel, book)
     assert kept["node"].to_pylist() == ["n1", "n1", "n3"]
-    assert kept_classes == [LO, HI, LO]
+    assert kept["_cls"].to_pylist() == [LO, HI, LO]
