@@ -31,6 +31,7 @@ raises :class:`SparkUnavailable` with one line saying what is missing.
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import tempfile
@@ -195,10 +196,50 @@ def _only_comments(stmt: str) -> bool:
 
 def use_namespace(spark: SparkSession, namespace: str, sql_dir: Path = SPARK_SQL_DIR) -> None:
     """``USE refinery.<namespace>`` (the tables by their dataset names, as DuckDB's views
-    are named), then the temporary views of ``sql/spark/views.sql`` (``rates``)."""
+    are named), then the temporary views of ``sql/spark/views.sql`` (``rates``,
+    ``topology_links``, ...; a view named as its table, such as ``topology``, replaces it).
+
+    A dataset without a table yet (the lander creates one with its first rows) reads as an
+    empty temporary view with the table's columns, as DuckDB's views read the lake's empty
+    seed file: the views over it (``node_facts`` in ``topology``) then bind. Such an empty
+    view (and a view of the file named as it) hides a table created later until this runs
+    again (it may run any number of times)."""
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    from services.lake.datasets import DATASETS
+    from services.lake.iceberg import table_schema
+
     spark.sql(f"USE {CATALOG}.`{namespace}`")
-    for stmt in statements((sql_dir / "views.sql").read_text()):
-        spark.sql(stmt)
+    stmts = statements((sql_dir / "views.sql").read_text())
+    views = [(_view(stmt), stmt) for stmt in stmts]
+    # this file's views and the empty ones go first: a view that reads its own name
+    # (``topology`` over table ``topology``) binds to the table only then
+    for name in [*(v[0] for v, _ in views if v), *DATASETS]:
+        spark.catalog.dropTempView(name)
+    listed = spark.sql(f"SHOW TABLES IN {CATALOG}.`{namespace}`").collect()
+    missing = set(DATASETS) - {r.tableName for r in listed}
+    for dataset in sorted(missing):
+        schema = from_arrow_schema(table_schema(dataset))
+        spark.createDataFrame([], schema).createOrReplaceTempView(dataset)
+    for view, stmt in views:
+        if view and view[0] in missing:
+            # over the empty view of the same name: SQL would see a cycle, a DataFrame's
+            # view keeps the plan it was made with
+            spark.sql(view[1]).createOrReplaceTempView(view[0])
+        else:
+            spark.sql(stmt)
+
+
+_CREATE_VIEW = re.compile(
+    r"^\s*CREATE\s+OR\s+REPLACE\s+TEMPORARY\s+VIEW\s+(\w+)\s+AS\s", re.M | re.I
+)
+
+
+def _view(stmt: str) -> tuple[str, str] | None:
+    """The name and query of the temporary view a statement creates (None: another
+    statement)."""
+    m = _CREATE_VIEW.search(stmt)
+    return (m.group(1), stmt[m.end() :]) if m else None
 
 
 def list_queries(sql_dir: Path = SPARK_SQL_DIR) -> dict[str, NamedQuery]:

@@ -1,7 +1,7 @@
 """Apache Spark reads the Iceberg lake the lander writes: Iceberg's JdbcCatalog on the same
 catalog database as pyiceberg's SqlCatalog (SQLite; PostgreSQL as well when the server
-binaries are installed), and the Spark SQL forms of two named queries (``sql/spark/``)
-answer what ``refinery query`` (DuckDB, :mod:`services.lake.sqlload`) answers on the same
+binaries are installed), and the Spark SQL form of every named query (``sql/spark/``)
+answers what ``refinery query`` (DuckDB, :mod:`services.lake.sqlload`) answers on the same
 tables. A commit the sink makes while Spark's catalog is open is seen by Spark's next query.
 
 Skipped, with the reason, without pyspark (``pip install -e '.[spark]'``), java or mvn, or
@@ -16,6 +16,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 from pydantic import SecretStr
 
@@ -24,16 +26,21 @@ from lab.lake import synth
 from lab.postgres import LocalPostgres, PostgresUnavailable
 from services.lake import sqlload
 from services.lake.backend import open_writer
+from services.lake.datasets import JOBS_SCHEMA, TOPOLOGY_SCHEMA
 from services.lake.iceberg import IcebergSettings, SnapshotFiles
 from services.lake.iceberg_sink import IcebergLakeSink
 
 pytestmark = pytest.mark.slow
 
-# the two named queries, with parameters that find rows in synth's data (its PFC bursts
-# pause a port for up to 5% of a second)
-QUERIES = {
+# every named query, with parameters that find rows in the landed data (synth's PFC bursts
+# pause a port for up to 5% of a second; see _land_findings for what else is there)
+QUERIES: dict[str, dict[str, str]] = {
+    "data_quality": {},
+    "gpu_throttling_by_cause": {"start": "2026-01-01 00:00:30"},
     "job_busbw": {"bucket_s": "10"},
     "pfc_storms": {"min_paused_fraction": "0.01", "min_seconds": "0"},
+    "stragglers": {"window_s": "5"},
+    "top_congested_links": {},
 }
 
 
@@ -59,7 +66,63 @@ def _land(tmp: Path, url: str) -> tuple[IcebergLakeSink, int]:
     sink.ensure_seeds()
     samples = synth.refined_samples(nodes=2, seconds=90, start_ns=synth.T0_NS)
     synth.land_lake(sink, samples, chunk_rows=4_000, partitions=2)
-    return sink, samples.num_rows
+    return sink, samples.num_rows + _land_findings(sink, samples)
+
+
+def _land_findings(sink: IcebergLakeSink, samples: pa.Table) -> int:
+    """What the queries look for beyond synth's lake (landed after it, at offsets above its
+    own): a second placement of synth's job that moves each rank to the other node (the
+    straggler rank 5 to node001); netdev facts mapping eth<g> to mlx5_<g> port 1 and a
+    second version of node001's links from 10 s on (switch port 9); 3 s of samples after a
+    30 s gap (every series has a gap) with counter resets (rdma.np_cnp_sent), late rows
+    (cpu) and an unknown clock on node001 (error bound 2**62 ns); and 500 rows landed twice
+    (duplicates in the lake). Returns the samples landed."""
+    ranks = [{"rank": r, "node": f"node{1 - r // 8:03d}", "gpu": f"gpu{r % 8}"} for r in range(16)]
+    job = {"ts": synth.T0_NS, "job": "job-1001", "start_ns": synth.T0_NS, "ranks": ranks}
+    row = {"kafka_partition": 0, "kafka_offset": 1, **job}
+    sink.land("jobs", pa.Table.from_pylist([row], schema=JOBS_SCHEMA), partition=0, first=1, last=1)
+    netdevs = [
+        {
+            "ts": 0,
+            "id": f"netdev:node{n:03d}:eth{g}",
+            "kind": "netdev",
+            "valid_from": 0,
+            "node": f"node{n:03d}",
+            "device": f"eth{g}",
+            "nic": f"mlx5_{g}",
+            "attrs": '{"port": 1}',
+            "source": "sim",
+            "kafka_partition": 0,
+            "kafka_offset": 100 + 8 * n + g,
+        }
+        for n in range(2)
+        for g in range(8)
+    ]
+    later = synth.topology(2, valid_from=synth.T0_NS + 10 * 10**9)
+    later = later.filter(
+        pc.and_(pc.equal(later["kind"], "link"), pc.equal(later["node"], "node001"))
+    )
+    later = later.set_column(
+        later.schema.get_field_index("switch_port"),
+        "switch_port",
+        pa.array(["9"] * later.num_rows, pa.string()),
+    )
+    topo = pa.concat_tables([pa.Table.from_pylist(netdevs, schema=TOPOLOGY_SCHEMA), later])
+    sink.land("topology", topo, partition=0, first=1, last=1)
+    more = synth.refined_samples(nodes=2, seconds=3, start_ns=synth.T0_NS + 120 * 10**9, seed=1)
+    for name, values in (
+        ("reset", pc.equal(more["metric"], "rdma.np_cnp_sent")),
+        ("late", pc.equal(more["device"], "cpu")),
+        (
+            "clock_error_ns",
+            pc.if_else(pc.equal(more["node"], "node001"), 2**62, more["clock_error_ns"]),
+        ),
+    ):
+        more = more.set_column(more.schema.get_field_index(name), name, values)
+    twice = samples.slice(0, 500)
+    sink.land("samples", more, partition=0, first=100, last=100)
+    sink.land("samples", twice, partition=0, first=101, last=101)
+    return int(more.num_rows + twice.num_rows)
 
 
 def _norm(rows: list[tuple[Any, ...]]) -> list[str]:
