@@ -33,7 +33,7 @@ import contextlib
 import json
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -151,12 +151,20 @@ def open_catalog(
     props = {"uri": uri, "warehouse": warehouse_url(lake), "init_catalog_tables": "true"}
     # a pooled connection the database dropped (restart, failover) is replaced at checkout
     props["pool_pre_ping"] = "true"
-    try:
-        return SqlCatalog("refinery", **props, **_fileio_properties(s3))
-    except sqlalchemy.exc.OperationalError as e:
-        raise StoreUnavailable(f"iceberg catalog {_safe(uri)}: {_first_line(e)}") from None
-    except sqlalchemy.exc.SQLAlchemyError as e:
-        raise StoreAccessError(f"iceberg catalog {_safe(uri)}: {_first_line(e)}") from None
+    for attempt in range(3):
+        try:
+            return SqlCatalog("refinery", **props, **_fileio_properties(s3))
+        except sqlalchemy.exc.OperationalError as e:
+            # two landers starting on a new catalog both create its tables: the one that
+            # lost the race finds them made (SQLite says so as an OperationalError)
+            if "already exists" in str(e) and attempt < 2:
+                continue
+            raise StoreUnavailable(f"iceberg catalog {_safe(uri)}: {_first_line(e)}") from None
+        except sqlalchemy.exc.SQLAlchemyError as e:
+            if "already exists" in str(e) and attempt < 2:
+                continue
+            raise StoreAccessError(f"iceberg catalog {_safe(uri)}: {_first_line(e)}") from None
+    raise AssertionError("unreachable")
 
 
 def _safe(uri: str) -> str:
@@ -299,12 +307,17 @@ def offsets_property(landed: dict[int, int]) -> str:
 
 def data_files(table: Table) -> list[str]:
     """The data files of the current snapshot (append-only tables: no delete files)."""
+    return [path for path, _ in sized_data_files(table)]
+
+
+def sized_data_files(table: Table) -> list[tuple[str, int]]:
+    """The data files of the current snapshot with their sizes in bytes."""
     snap = table.current_snapshot()
     if snap is None:
         return []
     io = table.io
     return [
-        e.data_file.file_path
+        (e.data_file.file_path, int(e.data_file.file_size_in_bytes))
         for m in snap.manifests(io)
         for e in m.fetch_manifest_entry(io, discard_deleted=True)
     ]
@@ -389,13 +402,29 @@ def snapshot_time(snap: Any) -> datetime:
 class SnapshotFiles:
     """What DuckDB's views read of an Iceberg lake: for a dataset, its seed file and the data
     files of its table's current snapshot (re-listed only when the snapshot changed). A
-    dataset without a table yet reads as its seed alone."""
+    dataset without a table yet reads as its seed alone. ``localize(dataset, files)``, where
+    given, names the path DuckDB reads each data file ``(url, size)`` by (an ``s3://``
+    lake's local copies of small files: :meth:`~services.lake.s3read.LakeReadFS.read_urls`);
+    it is asked again each time the snapshot changes."""
 
-    def __init__(self, catalog: SqlCatalog, namespace: str, seed_path: Any) -> None:
+    def __init__(
+        self,
+        catalog: SqlCatalog,
+        namespace: str,
+        seed_path: Any,
+        localize: Callable[[str, list[tuple[str, int]]], list[str]] | None = None,
+    ) -> None:
         self.catalog = catalog
         self.namespace = namespace
         self.seed_path = seed_path  # dataset -> the seed file's path or URL
+        self.localize = localize
         self._cache: dict[str, tuple[int | None, list[str]]] = {}
+
+    def reading_through(
+        self, localize: Callable[[str, list[tuple[str, int]]], list[str]]
+    ) -> SnapshotFiles:
+        """The same tables, their data files' paths named by ``localize``."""
+        return SnapshotFiles(self.catalog, self.namespace, self.seed_path, localize)
 
     def __call__(self, dataset: str) -> list[str]:
         from pyiceberg.exceptions import NoSuchTableError
@@ -408,7 +437,13 @@ class SnapshotFiles:
         sid = None if snap is None else snap.snapshot_id
         got = self._cache.get(dataset)
         if got is None or got[0] != sid:
-            got = self._cache[dataset] = (sid, [duckdb_path(p) for p in data_files(table)])
+            files = sized_data_files(table)
+            paths = (
+                self.localize(dataset, files)
+                if self.localize is not None
+                else [duckdb_path(p) for p, _ in files]
+            )
+            got = self._cache[dataset] = (sid, paths)
         return [self.seed_path(dataset), *got[1]]
 
     def register(self, con: Any) -> None:

@@ -72,7 +72,8 @@ class ObjectMirror:
     def paths(self, listing: str, bucket: str, objects: list[ObjectInfo]) -> list[str]:
         """A path for DuckDB to read each of ``objects`` (the latest listing named
         ``listing``, e.g. one dataset's prefix): a local copy, fetched now if missing or
-        of another ETag, for each object that fits; ``s3://bucket/key`` for the others.
+        of another ETag (an object listed with ETag ``""`` is one never rewritten: any copy
+        of it stands), for each object that fits; ``s3://bucket/key`` for the others.
         Copies no listing holds any more are removed."""
         with self._lock:
             others = set().union(*(v for k, v in self._in_use.items() if k != listing))
@@ -85,7 +86,8 @@ class ObjectMirror:
                     continue
                 budget -= o.size
                 keep.add(name)
-                if self._copies.get(name, ("", -1))[0] != o.etag:
+                have = self._copies.get(name)
+                if have is None or (o.etag and have[0] != o.etag):  # "": named once, immutable
                     todo.append(o)
         failed = self._fetch_all(bucket, todo)
         keep -= failed

@@ -168,6 +168,24 @@ class LakeReadFS(AbstractFileSystem):  # type: ignore[misc]
             return [f"s3://{bucket}/{o.key}" for o in objects]
         return self.mirror.paths(listing, bucket, objects)
 
+    def read_urls(self, listing: str, files: list[tuple[str, int]]) -> list[str]:
+        """:meth:`read_paths` for files named once and never rewritten, by URL and size
+        (an Iceberg table's data files: unique names, sizes from its manifests). Files not
+        on ``s3://`` keep their paths."""
+        if self.mirror is None:
+            return [u for u, _ in files]
+        out = [u for u, _ in files]
+        by_bucket: dict[str, list[tuple[int, ObjectInfo]]] = {}
+        for i, (url, size) in enumerate(files):
+            if url.startswith(("s3://", "s3a://")):
+                bucket, key = self._split(url)
+                by_bucket.setdefault(bucket, []).append((i, ObjectInfo(key, size, 0.0, "")))
+        for bucket, objs in by_bucket.items():
+            got = self.mirror.paths(f"{listing}@{bucket}", bucket, [o for _, o in objs])
+            for (i, _), path in zip(objs, got, strict=True):
+                out[i] = path
+        return out
+
     def _get_whole(self, bucket: str, key: str) -> tuple[bytes, str]:
         self.requests["get"] += 1
         got = obs.get(self.store(bucket), key)

@@ -175,6 +175,8 @@ def connect(
     con.execute("SET VARIABLE lake = ?", [root])
     listing = "lake_live_files("
     if iceberg is not None:
+        if loc.path is None:  # small data files read as local copies, as a Parquet lake's
+            iceberg = iceberg.reading_through(fs.read_urls)
         iceberg.register(con)
         con.execute("SET VARIABLE lake_format = 'iceberg'")
         listing = "iceberg_files("

@@ -201,3 +201,34 @@ def test_fresh_rows_are_seen_at_the_next_refresh(tmp_path: Path) -> None:
     sink.land_flushes("accounting", [_acc([0, 1, 2])])
     sqlload.refresh(con)
     assert con.execute("SELECT count(*) FROM refine_accounting").fetchall() == [(3,)]
+
+
+def _open_and_seed(url: str, lake: str, ready: Any, failed: Any) -> None:
+    from services.lake.backend import open_writer as _open_writer
+    from services.lake.iceberg import IcebergSettings as _Settings
+
+    ice = _Settings(lake_format="iceberg", iceberg_catalog=SecretStr(url))
+    ready.wait()  # everyone imported: open at once
+    try:
+        _open_writer(lake, iceberg=ice).ensure_seeds()
+    except Exception as e:
+        failed.put(f"{type(e).__name__}: {e}")
+
+
+def test_landers_starting_together_on_a_new_catalog_all_open_it(tmp_path: Path) -> None:
+    """Each creates the catalog's tables, the namespace and the datasets' tables when absent:
+    the ones that lose each race find them made and go on."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    for i in range(2):  # a race is likely, not certain, in one round
+        url, lake = f"sqlite:///{tmp_path / f'cat{i}.db'}", str(tmp_path / f"lake{i}")
+        ready, failed = ctx.Barrier(4), ctx.Queue()
+        procs = [ctx.Process(target=_open_and_seed, args=(url, lake, ready, failed))
+                 for _ in range(4)]  # fmt: skip
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(120)
+        errors = [failed.get() for _ in range(failed.qsize())]
+        assert errors == [] and [p.exitcode for p in procs] == [0, 0, 0, 0]

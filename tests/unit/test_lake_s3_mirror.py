@@ -112,3 +112,11 @@ def test_duckdb_reads_the_copies_with_their_hive_partitions(tmp_path: Path) -> N
     assert got == [("00", 36)]
     m.close()
     assert not m.root.exists()
+
+
+def test_an_object_listed_without_an_etag_is_fetched_once(tmp_path: Path) -> None:
+    store = _store({f"{H}/data-1.parquet": 10})
+    m, fetched = _mirror(store, tmp_path)
+    unversioned = [ObjectInfo(f"{H}/data-1.parquet", 10, 0.0, "")]  # an Iceberg data file
+    first = m.paths("samples@bkt", "bkt", unversioned)
+    assert m.paths("samples@bkt", "bkt", unversioned) == first and len(fetched) == 1
