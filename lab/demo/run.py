@@ -324,9 +324,11 @@ def summarize(
     lake: Path, published: dict[str, Any], incidents: list[dict[str, Any]]
 ) -> dict[str, Any]:
     """What the lake says, as plain data."""
-    from services.lake.sqlload import connect, run_query
+    from services.lake.backend import connect_views
+    from services.lake.iceberg import IcebergSettings
+    from services.lake.sqlload import run_query
 
-    con = connect(str(lake))
+    con = connect_views(str(lake), iceberg=IcebergSettings())
 
     def rows(sql: str) -> list[dict[str, Any]]:
         cur = con.execute(sql)

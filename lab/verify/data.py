@@ -22,7 +22,8 @@ from typing import Any
 import duckdb
 
 from lab.simulate.truth import sibling
-from services.lake.sqlload import connect
+from services.lake.backend import connect_views
+from services.lake.iceberg import IcebergSettings
 
 SAMPLE_KEY = ("node", "exporter", "instance", "boot_id", "seq", "metric", "device")
 EVENT_KEY = ("node", "boot_id", "seq", "event", "device")
@@ -124,8 +125,9 @@ class ClockFigures:
 
 
 def open_run(lake: Path, truth: Path) -> duckdb.DuckDBPyConnection:
-    """The lake's views plus the truth's tables as views."""
-    con = connect(lake)
+    """The lake's views (in the format the environment sets, as ``refinery sql`` reads it)
+    plus the truth's tables as views."""
+    con: duckdb.DuckDBPyConnection = connect_views(lake, iceberg=IcebergSettings(), seed=False)
     files = {"truth": truth}
     files |= {f"truth_{n}": sibling(truth, n) for n in ("sends", "events", "collectives")}
     for name, path in files.items():

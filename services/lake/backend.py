@@ -31,6 +31,7 @@ __all__ = [
     "LakeCompaction",
     "LakeSink",
     "check_lake",
+    "connect_views",
     "has_data",
     "open_compactor",
     "open_writer",
@@ -56,6 +57,40 @@ def open_store(lake: Path | str | LakeLocation, s3: S3Settings | None = None) ->
 
 def _iceberg(iceberg: IcebergSettings | None) -> IcebergSettings | None:
     return iceberg if iceberg is not None and iceberg.is_iceberg else None
+
+
+def connect_views(
+    lake: Path | str | LakeLocation,
+    *,
+    s3: S3Settings | None = None,
+    iceberg: IcebergSettings | None = None,
+    seed: bool = True,
+) -> Any:
+    """A DuckDB connection with ``sql/``'s views over ``lake`` in its format: the current
+    snapshots of its Iceberg tables when ``iceberg`` says the format is iceberg, else its
+    Parquet files (:func:`services.lake.sqlload.connect`). With ``seed``, seeds are made
+    where missing and writable (views need every dataset to bind); without, a lake missing
+    one is an error (DuckDB's)."""
+    import contextlib
+
+    from services.lake import sqlload
+    from services.lake.store import StoreAccessError
+
+    loc = _location(lake)
+    if _iceberg(iceberg) is None and not seed:
+        return sqlload.connect(lake, s3=s3)
+    sink = open_writer(loc, s3=s3, iceberg=iceberg)
+    if seed:
+        with contextlib.suppress(OSError, StoreAccessError):
+            sink.ensure_seeds()
+    if _iceberg(iceberg) is None:
+        return sqlload.connect(lake, s3=s3)
+    from services.lake.iceberg import SnapshotFiles
+    from services.lake.iceberg_sink import IcebergLakeSink
+
+    assert isinstance(sink, IcebergLakeSink) and iceberg is not None
+    files = SnapshotFiles(sink.catalog, iceberg.iceberg_namespace, sink.seed_path)
+    return sqlload.connect(loc, s3=s3, iceberg=files)
 
 
 def open_writer(

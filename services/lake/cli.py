@@ -21,7 +21,13 @@ from schemas.errors import RefineryError
 from services.cli_parts import one_line, print_json
 from services.heap import keep_heap
 from services.lake import sqlload
-from services.lake.backend import check_lake, has_data, open_compactor, open_writer
+from services.lake.backend import (
+    check_lake,
+    connect_views,
+    has_data,
+    open_compactor,
+    open_writer,
+)
 from services.lake.compact import CompactionReport
 from services.lake.datasets import DATASETS
 from services.lake.iceberg import IcebergSettings
@@ -161,15 +167,8 @@ def _connect_iceberg(
     lake: LakeLocation, s3: S3Settings | None, ice: IcebergSettings
 ) -> duckdb.DuckDBPyConnection:
     """The views over the current snapshots of an Iceberg lake's tables."""
-    from services.lake.iceberg import SnapshotFiles
-    from services.lake.iceberg_sink import IcebergLakeSink
-
-    sink = open_writer(lake, s3=s3, iceberg=ice)
-    assert isinstance(sink, IcebergLakeSink)
-    with contextlib.suppress(OSError, StoreAccessError):
-        sink.ensure_seeds()
-    files = SnapshotFiles(sink.catalog, ice.iceberg_namespace, sink.seed_path)
-    return sqlload.connect(lake, s3=s3, iceberg=files)
+    con: duckdb.DuckDBPyConnection = connect_views(lake, s3=s3, iceberg=ice)
+    return con
 
 
 def cmd_iceberg_sql(args: argparse.Namespace, settings: RefinerySettings) -> int:
