@@ -147,6 +147,10 @@ def open_catalog(
             "REFINERY_LAKE_FORMAT=iceberg needs REFINERY_ICEBERG_CATALOG, a SQLAlchemy URL "
             "(sqlite:////path/catalog.db, postgresql+psycopg2://user:pass@host/db)"
         )
+    if s3 is None and lake.path is None:  # an s3:// warehouse: the store's settings from the
+        from services.lake.s3store import S3Settings  # environment, as the lake's own store
+
+        s3 = S3Settings()
     uri = settings.iceberg_catalog.get_secret_value()
     props = {"uri": uri, "warehouse": warehouse_url(lake), "init_catalog_tables": "true"}
     # a pooled connection the database dropped (restart, failover) is replaced at checkout
