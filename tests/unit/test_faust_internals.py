@@ -51,6 +51,20 @@ def test_a_declared_gap_counts_as_acked_once_an_offset_after_it_is(tmp_path: Pat
     assert asyncio.run(committable(gap=True)) == 16  # past the declared offsets
 
 
+def test_a_gap_whose_records_are_acked_after_all_counts_each_offset_once(tmp_path: Path) -> None:
+    """Records of a declared gap handed over late and acked: the commit moves past the
+    whole gap at once, not one offset per commit."""
+    consumer: Any = _app(tmp_path).consumer
+    tp = TP("t", 0)
+    consumer._acked[tp] = [10, 15]
+    asyncio.run(internals.declare_gap(consumer, "t", 0, 11, 14))
+    consumer._acked[tp] += [12, 13]  # two of the gap's records, acked by the stream
+    assert consumer._new_offset(tp) == 16
+    consumer._acked[tp] = [16, 18]
+    asyncio.run(internals.declare_gap(consumer, "t", 0, 17, 17))
+    assert consumer._new_offset(tp) == 19  # another gap, the same consumer
+
+
 def test_a_store_write_without_changelog_and_its_record_read_back_by_recovery(
     tmp_path: Path,
 ) -> None:
