@@ -77,19 +77,18 @@ def connect_views(
     from services.lake.store import StoreAccessError
 
     loc = _location(lake)
-    if _iceberg(iceberg) is None and not seed:
-        return sqlload.connect(lake, s3=s3)
-    sink = open_writer(loc, s3=s3, iceberg=iceberg)
-    if seed:
+    ice = _iceberg(iceberg)
+    sink = open_writer(loc, s3=s3, iceberg=ice) if seed or ice is not None else None
+    if seed and sink is not None:
         with contextlib.suppress(OSError, StoreAccessError):
             sink.ensure_seeds()
-    if _iceberg(iceberg) is None:
+    if ice is None:
         return sqlload.connect(lake, s3=s3)
     from services.lake.iceberg import SnapshotFiles
     from services.lake.iceberg_sink import IcebergLakeSink
 
-    assert isinstance(sink, IcebergLakeSink) and iceberg is not None
-    files = SnapshotFiles(sink.catalog, iceberg.iceberg_namespace, sink.seed_path)
+    assert isinstance(sink, IcebergLakeSink)
+    files = SnapshotFiles(sink.catalog, ice.iceberg_namespace, sink.seed_path)
     return sqlload.connect(loc, s3=s3, iceberg=files)
 
 

@@ -8,7 +8,6 @@ on one line to stderr and exit 1.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import csv
 import json
 import sys
@@ -34,7 +33,6 @@ from services.lake.iceberg import IcebergSettings
 from services.lake.land import LandingService
 from services.lake.layout import parse_hour
 from services.lake.location import LakeLocation, parse_location
-from services.lake.store import StoreAccessError
 from services.settings import RefinerySettings
 
 if TYPE_CHECKING:
@@ -153,20 +151,9 @@ def _connect(settings: RefinerySettings) -> duckdb.DuckDBPyConnection:
         raise RefineryError(f"no lake at {lake}: no such directory (REFINERY_LAKE)")
     check_lake(lake, s3=s3)
     ice = _iceberg()
-    if ice.is_iceberg:
-        return _connect_iceberg(lake, s3, ice)
-    if not has_data(lake, s3=s3):
+    if not ice.is_iceberg and not has_data(lake, s3=s3):
         print(f"refinery: the lake at {lake} holds no data yet", file=sys.stderr)
     # views need every dataset to bind; a read-only lake has its seeds or the error says so
-    with contextlib.suppress(OSError, StoreAccessError):
-        open_writer(lake, s3=s3).ensure_seeds()
-    return sqlload.connect(lake, s3=s3)
-
-
-def _connect_iceberg(
-    lake: LakeLocation, s3: S3Settings | None, ice: IcebergSettings
-) -> duckdb.DuckDBPyConnection:
-    """The views over the current snapshots of an Iceberg lake's tables."""
     con: duckdb.DuckDBPyConnection = connect_views(lake, s3=s3, iceberg=ice)
     return con
 

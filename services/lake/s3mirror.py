@@ -59,7 +59,6 @@ class ObjectMirror:
         self._copies: dict[str, tuple[str, int]] = {}  # "bucket/key" -> etag, size
         self._in_use: dict[str, set[str]] = {}  # listing -> "bucket/key" it mirrors
         self._lock = threading.Lock()
-        self.fetched = 0
 
     def close(self) -> None:
         """Remove the directory and every copy in it."""
@@ -126,5 +125,4 @@ class ObjectMirror:
         os.replace(tmp, path)  # a seed replaced under a reader: the reader keeps its file
         with self._lock:
             self._copies[name] = (etag, len(data))
-            self.fetched += 1
         return ""
