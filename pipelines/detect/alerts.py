@@ -57,7 +57,9 @@ def lineage_of(table: pa.Table, topic: str = RAW_TOPIC) -> list[Lineage]:
     columns), one :class:`Lineage` per partition, in partition order."""
     if table.num_rows == 0 or "raw_partition" not in table.column_names:
         return []
-    g = table.group_by("raw_partition").aggregate([("raw_offset", "min"), ("raw_offset", "max")])
+    g = table.group_by("raw_partition", use_threads=False).aggregate(
+        [("raw_offset", "min"), ("raw_offset", "max")]
+    )
     rows = g.sort_by("raw_partition").to_pylist()
     return [
         Lineage(

@@ -8,8 +8,10 @@ series per batch — through each series' :class:`~pipelines.detect.alerts.Hyste
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -34,13 +36,18 @@ class MetricIndex:
     where a series' class changes. (Filtering the table by metric copied every column of
     every row of the metric for each rule.)"""
 
-    def __init__(self, table: pa.Table) -> None:
+    def __init__(self, table: pa.Table, metrics: frozenset[str] | None = None) -> None:
+        """``metrics``: the only metrics :meth:`positions` is asked for (None: any)."""
         self.table = table
+        self.metrics = metrics
         self._encoded: dict[str, Array] = {}
         enc = self.encoded("metric")
         self._codes = enc.indices
         self._index = {v: i for i, v in enumerate(enc.dictionary.to_pylist())}
         self._series: Array | None = None
+        self._order: Array | None = None
+        self._slices: dict[int, tuple[int, int]] | None = None
+        self._ranks: list[dict[str, int]] | None = None
 
     def encoded(self, name: str) -> Array:
         """Column ``name`` dictionary-encoded, once per table for every reader (the rules,
@@ -53,7 +60,8 @@ class MetricIndex:
 
     def rows_of(self, metrics: list[str], columns: list[str]) -> pa.Table:
         """The rows of ``metrics``, in table order, only their ``columns`` (those present)."""
-        narrow = self.table.select([c for c in columns if c in self.table.column_names])
+        have = set(self.table.column_names)
+        narrow = self.table.select([c for c in columns if c in have])
         ids = [self._index[m] for m in metrics if m in self._index]
         if not ids:
             return narrow.slice(0, 0)
@@ -76,11 +84,52 @@ class MetricIndex:
         return self._series
 
     def positions(self, metric: str) -> Array:
-        """Positions (int64, ascending) of the rows of ``metric``."""
+        """Positions (int64) of the rows of ``metric``, in (series, ts) order (ties: table
+        order). One stable sort of every row by (metric, series, ts) serves every rule: a
+        rule's rows are a slice of it, already in the order its runs are read in."""
+        if self._slices is None:
+            t = self.table
+            keyed = pa.table({"m": self._codes, "s": self.series, "ts": column(t, "ts")})
+            rows = None
+            if self.metrics is not None:  # the rules' metrics' rows only: most rows are not
+                ids = [self._index[m] for m in self.metrics if m in self._index]
+                rows = where(pc.is_in(self._codes, value_set=pa.array(ids, self._codes.type)))
+                keyed = keyed.take(rows)
+            order = pc.sort_indices(
+                keyed, sort_keys=[("m", "ascending"), ("s", "ascending"), ("ts", "ascending")]
+            ).cast(pa.int64())
+            order = order if rows is None else take(rows, order)
+            codes = take(self._codes, order).to_numpy(zero_copy_only=False)
+            cut = [0, *(np.flatnonzero(codes[1:] != codes[:-1]) + 1).tolist(), len(codes)]
+            self._order = order
+            self._slices = {int(codes[a]): (a, b - a) for a, b in itertools.pairwise(cut) if b > a}
+        if self.metrics is not None and metric not in self.metrics:
+            raise ValueError(f"positions: {metric!r} is not among the index's metrics")
         i = self._index.get(metric)
-        if i is None:
+        got = None if i is None else self._slices.get(i)
+        if got is None:
             return pa.array([], pa.int64())
-        return where(pc.equal(self._codes, pa.scalar(i, self._codes.type)))
+        assert self._order is not None
+        return self._order.slice(*got)
+
+    def series_of(self, entities: list[str]) -> list[int]:
+        """The :attr:`series` codes of ``node/device`` entities that have rows here (a node
+        name holds no ``/``; a device name may)."""
+        if self._ranks is None:
+            self._ranks = []
+            for col in ("node", "device"):
+                enc = self.encoded(col)
+                rank = pc.rank(enc.dictionary, sort_keys="ascending", tiebreaker="first")
+                names = enc.dictionary.to_pylist()
+                self._ranks.append(dict(zip(names, rank.to_pylist(), strict=True)))
+        nodes, devices = self._ranks
+        out = []
+        for e in entities:
+            node, _, device = e.partition("/")
+            a, b = nodes.get(node), devices.get(device)
+            if a is not None and b is not None:
+                out.append(a * len(devices) + b)
+        return out
 
 
 def _positions(
@@ -110,31 +159,26 @@ def _positions(
     return pos if len(pos) else None
 
 
-def _runs(index: MetricIndex | pa.Table, pos: Array, cls: Array) -> pa.Table:
-    """The rows of the table (``index``'s) at ``pos``, sorted by series (``node SEP
-    device``) and ts, where a series' class ``cls`` (one per position) starts or ends a
-    run, with their ``_key`` and ``_cls``. Only the series codes, ts and class are sorted;
-    whole rows are taken at the run boundaries, and their keys joined there."""
-    index = index if isinstance(index, MetricIndex) else MetricIndex(index)
+def _runs(index: MetricIndex, pos: Array, cls: Array) -> pa.Table:
+    """The rows of ``index``'s table at ``pos`` (in (series, ts) order, as
+    :meth:`MetricIndex.positions` gives them, any filtered subset of those), where a series'
+    class ``cls`` (one per position) starts or ends a run, with their ``_key`` and ``_cls``.
+    Whole rows are taken only at the run boundaries, and their keys joined there."""
     t = index.table
-    key = take(index.series, pos)
-    order = pc.sort_indices(
-        pa.table({"_key": key, "ts": take(column(t, "ts"), pos)}),
-        sort_keys=[("_key", "ascending"), ("ts", "ascending")],
-    )
-    k, c = take(key, order), take(cls, order)
-    start = pc.or_(pc.not_equal(k, prev(k)), pc.not_equal(c, prev(c)))
-    end = pc.or_(pc.not_equal(k, nxt(k)), pc.not_equal(c, nxt(c)))
+    k = take(index.series, pos)
+    start = pc.or_(pc.not_equal(k, prev(k)), pc.not_equal(cls, prev(cls)))
+    end = pc.or_(pc.not_equal(k, nxt(k)), pc.not_equal(cls, nxt(cls)))
     keep = where(pc.or_(pc.fill_null(start, True), pc.fill_null(end, True)))
-    cols = [c for c in _ROW_READ if c in t.column_names]
-    sel = t.select(cols).take(take(pos, take(order, keep)))
+    have = set(t.column_names)  # the property builds a new list at each access
+    cols = [c for c in _ROW_READ if c in have]
+    sel = t.select(cols).take(take(pos, keep))
     joined = pc.binary_join_element_wise(column(sel, "node"), column(sel, "device"), SEP)
-    return sel.append_column("_key", joined).append_column("_cls", take(c, keep))
+    return sel.append_column("_key", joined).append_column("_cls", take(cls, keep))
 
 
 def _rows(t: pa.Table) -> list[dict[str, Any]]:
-    keep = (*_ROW_READ, "_key")
-    cols = [c for c in keep if c in t.column_names]
+    have = set(t.column_names)
+    cols = [c for c in (*_ROW_READ, "_key") if c in have]
     rows: list[dict[str, Any]] = t.select(cols).to_pylist()
     return rows
 
@@ -146,21 +190,21 @@ def _lin(row: dict[str, Any], topic: str) -> list[Lineage]:
     return [Lineage(topic=topic, partition=int(p), offset_first=int(o), offset_last=int(o))]
 
 
-def _live(rule_name: str, sel: pa.Table, book: AlertBook) -> pa.Table:
-    """The rows of ``sel`` :func:`_walk` may step: those of a series with a HI row in
-    ``sel`` or a state in ``book`` (any other it skips, having no state and not HI). Most
-    run boundaries are a quiet series' first and last rows of a batch: making Python rows
-    (or even Python ints of their classes) of them cost more than the rules' Arrow work."""
-    if not sel.num_rows:
-        return sel
-    keys = column(sel, "_key")
-    hot = pc.unique(keys.filter(pc.equal(column(sel, "_cls"), HI)))
-    keep = pc.is_in(keys, value_set=hot)
+def _hot(
+    rule_name: str, index: MetricIndex, book: AlertBook, pos: Array, cls: Array
+) -> tuple[Array, Array] | None:
+    """``pos`` and ``cls`` of only the series :func:`_walk` may step: those with a HI row or
+    a state in ``book`` (any other it skips, having no state and not HI); None when none.
+    Most series are quiet: their runs are never built, nor their rows made Python."""
+    key = take(index.series, pos)
+    hot = pc.unique(key.filter(pc.equal(cls, HI)))
     known = [e for r, e in book.states if r == rule_name]
-    if known:
-        entity = pc.binary_join_element_wise(column(sel, "node"), column(sel, "device"), "/")
-        keep = pc.or_kleene(keep, pc.is_in(entity, value_set=pa.array(known, pa.string())))
-    return sel.filter(true_mask(keep))
+    codes = index.series_of(known) if known else []
+    if len(hot) == 0 and not codes:
+        return None
+    wanted = pa.concat_arrays([hot, pa.array(codes, hot.type)]) if codes else hot
+    keep = pc.is_in(key, value_set=wanted)
+    return pos.filter(keep), cls.filter(keep)
 
 
 def _walk(
@@ -175,7 +219,6 @@ def _walk(
     """Step each run-boundary row through its series' hysteresis; ``make(row, onset)``
     returns ``(severity, summary, evidence)`` for a firing alert."""
     out: list[Alert] = []
-    sel = _live(rule_name, sel, book)
     classes = column(sel, "_cls").to_pylist()
     for row, cls in zip(_rows(sel), classes, strict=True):
         entity = f"{row['node']}/{row['device']}"
@@ -226,7 +269,10 @@ def eval_threshold(
     fire = float(limit)
     resolve = fire if rule.resolve is None else rule.resolve
     values = take(column(index.table, field), pos)
-    sel = _runs(index, pos, classify(values, fire, resolve, below))
+    hot = _hot(rule.name, index, book, pos, classify(values, fire, resolve, below))
+    if hot is None:
+        return []
+    sel = _runs(index, *hot)
 
     def make(row: dict[str, Any], onset: int) -> tuple[str, str, dict[str, Any]]:
         v = row.get(field)
@@ -259,7 +305,10 @@ def eval_bitmask(
     values = take(column(index.table, "value"), pos)
     hit = pc.not_equal(pc.bit_wise_and(pc.cast(values, pa.int64(), safe=False), mask), 0)
     cls = pc.if_else(hit, pa.scalar(HI, pa.int8()), pa.scalar(LO, pa.int8()))
-    sel = _runs(index, pos, cls)
+    hot = _hot(rule.name, index, book, pos, cls)
+    if hot is None:
+        return []
+    sel = _runs(index, *hot)
 
     def make(row: dict[str, Any], onset: int) -> tuple[str, str, dict[str, Any]]:
         v = int(row["value"])

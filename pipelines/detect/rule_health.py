@@ -189,7 +189,9 @@ def summarize_batches(table: pa.Table) -> list[dict[str, Any]]:
         else pa.repeat(pa.scalar("", pa.string()), table.num_rows)
     )
     t = t.append_column("raw_topic", topic)
-    g = t.group_by(["node", "exporter", "instance", "seq", "raw_topic"]).aggregate(
+    g = t.group_by(
+        ["node", "exporter", "instance", "seq", "raw_topic"], use_threads=False
+    ).aggregate(
         [
             ("ts", "max"),
             ("value", "count"),
@@ -324,15 +326,20 @@ def tick_silent(
     now_ns: int,
     progress: dict[tuple[str, int], PartitionProgress] | None = None,
     nodes: dict[tuple[str, str], NodeProgress] | None = None,
+    memo: dict[str, tuple[Any, ...]] | None = None,
 ) -> list[Alert]:
     """Fire for sources quiet for ``intervals`` intervals: their raw partition was refined
-    and read that much broker time past their newest record (see the module)."""
+    and read that much broker time past their newest record (see the module). ``memo``
+    (kept by the caller between ticks): per source, what :func:`_cannot_fire` needs."""
     out: list[Alert] = []
     if not rules:
         return out
     progress = {p: pp for p, pp in (progress or {}).items() if pp.offsets}
     for src, st in sources.items():
-        _fold_broker_interval(st, progress.get((st.topic, st.partition)))
+        pp = progress.get((st.topic, st.partition))
+        _fold_broker_interval(st, pp)
+        if pp is not None and memo is not None and _cannot_fire(src, st, rules, pp, memo):
+            continue
         for rule in rules:
             interval = rule.interval_ns or max(st.interval_ns, st.broker_interval_ns)
             if not interval or book.is_firing(rule.name, src):
@@ -347,6 +354,36 @@ def tick_silent(
                 ev |= {"raw_partition": st.partition, "raw_offset": st.offset}
                 out.append(_fire(book, rule, src, since, now_ns, vals, ev, entity_node(src)))
     return out
+
+
+def _cannot_fire(
+    src: str,
+    st: SourceState,
+    rules: list[SilentRule],
+    pp: PartitionProgress,
+    memo: dict[str, tuple[Any, ...]],
+) -> bool:
+    """True when no rule can find ``src`` silent at this tick: its partition's newest append
+    is no further past the append of the source's newest record than the shortest span a
+    rule waits. That bounds :func:`_quiet` from above (it counts from that append or later,
+    to that newest or earlier), so skipping the source changes nothing; most ticks judge
+    only the few sources near their span instead of every source. The append of the
+    source's record and the spans are kept per source until its record, partition or
+    intervals change."""
+    key = (st.topic, st.partition, st.offset, st.interval_ns, st.broker_interval_ns)
+    got = memo.get(src)
+    if got is None or got[0] != key or got[1] is not pp:
+        last = pp.append_of(st.offset) if st.offset >= 0 else None
+        spans = [
+            r.intervals * iv
+            for r in rules
+            if (iv := r.interval_ns or max(st.interval_ns, st.broker_interval_ns))
+        ]
+        if last is None or not spans:
+            memo.pop(src, None)
+            return not spans
+        got = memo[src] = (key, pp, last, min(spans))
+    return bool(pp.appends[-1] - got[2] <= got[3])
 
 
 def _fold_broker_interval(st: SourceState, pp: PartitionProgress | None) -> None:

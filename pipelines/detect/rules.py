@@ -67,6 +67,7 @@ from pipelines.detect.rule_health import (
     summarize_batches,
     tick_silent,
 )
+from pipelines.detect.threshold_pass import eval_plain_thresholds, plain
 from pipelines.detect.xid import XID_TABLE, xid_info
 from schemas.catalog import Catalog, Kind
 from schemas.errors import ConfigError
@@ -101,6 +102,7 @@ class RuleEngine:
         self.nodes: dict[tuple[str, str], NodeProgress] = {}  # per raw topic and node
         self.deadletters = DeadletterWindow()
         self.last_values: dict[str, dict[str, float]] = {}  # sample-borne events per rule
+        self._silence_memo: dict[str, tuple[Any, ...]] = {}  # tick_silent's, per source
         self._fields: dict[str, str] = {}
         for r in self.rules:
             metric = getattr(r, "metric", None)
@@ -111,6 +113,8 @@ class RuleEngine:
                 auto = "rate" if m.kind is Kind.COUNTER else "value"
                 self._fields[r.name] = auto if r.field == "auto" else r.field
         self._threshold = [r for r in self.rules if isinstance(r, ThresholdRule)]
+        self._plain = plain(self._threshold)  # evaluated in one pass
+        self._plain_names = {r.name for r in self._plain}
         self._bitmask = [r for r in self.rules if isinstance(r, BitmaskRule)]
         ev = [r for r in self.rules if isinstance(r, EventRule)]
         self._events = [r for r in ev if r.metric is None]
@@ -120,6 +124,12 @@ class RuleEngine:
         self._frozen = [r for r in self.rules if isinstance(r, FrozenRule)]
         self._deadletter = [r for r in self.rules if isinstance(r, DeadletterRule)]
         self._fresh = [r for r in self.rules if isinstance(r, FreshnessRule)]
+        # the metrics whose rows the sample rules read (a MetricIndex sorts only theirs)
+        self.row_metrics = frozenset(
+            [r.metric for r in self._threshold]
+            + [r.metric for r in self._bitmask]
+            + [r.metric for r in self._metric_events if r.metric is not None]
+        )
 
     # --- inputs --------------------------------------------------------------------------
 
@@ -133,11 +143,21 @@ class RuleEngine:
         take the positions of their metric's rows, not copies of the rows)."""
         if refined.num_rows == 0:
             return []
-        ix = by_metric if isinstance(by_metric, MetricIndex) else MetricIndex(refined)
+        ix = (
+            by_metric
+            if isinstance(by_metric, MetricIndex)
+            else MetricIndex(refined, self.row_metrics)
+        )
         out: list[Alert] = []
-        for t in self._threshold:
-            f = self._fields[t.name]
-            out += eval_threshold(t, f, ix, self.book, now_ns, self.raw_topic)
+        fused = eval_plain_thresholds(
+            [(t, self._fields[t.name]) for t in self._plain], ix, self.book, now_ns, self.raw_topic
+        )
+        for t in self._threshold:  # in rule order, as one by one
+            if t.name in self._plain_names:
+                out += fused.get(t.name, [])
+            else:
+                f = self._fields[t.name]
+                out += eval_threshold(t, f, ix, self.book, now_ns, self.raw_topic)
         for b in self._bitmask:
             out += eval_bitmask(b, self.catalog, ix, self.book, now_ns, self.raw_topic)
         for e in self._metric_events:
@@ -216,7 +236,15 @@ class RuleEngine:
     def tick(self, now_ns: int) -> list[Alert]:
         """Time-driven changes at ``now_ns``: silent sources, dead-letter rate, expiry of
         per-occurrence event alerts."""
-        out = tick_silent(self.sources, self._silent, self.book, now_ns, self.progress, self.nodes)
+        out = tick_silent(
+            self.sources,
+            self._silent,
+            self.book,
+            now_ns,
+            self.progress,
+            self.nodes,
+            self._silence_memo,
+        )
         out += eval_deadletters(self.deadletters, self._deadletter, self.book, now_ns)
         out += expire_events(self._events + self._metric_events, self.book, now_ns)
         return out

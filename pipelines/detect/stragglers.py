@@ -68,10 +68,10 @@ def arrival_skew(coll: pa.Table, settings: StragglerSettings | None = None) -> p
     s = settings or StragglerSettings()
     if coll.num_rows == 0:
         return coll.append_column("skew_ns", pa.array([], pa.int64()))
-    first = coll.group_by(_KEY).aggregate([("ts_ns", "min")])
+    first = coll.group_by(_KEY, use_threads=False).aggregate([("ts_ns", "min")])
     t = coll.join(first, _KEY, join_type="inner")
     t = t.append_column("skew_ns", pc.subtract(t["ts_ns"], t["ts_ns_min"]))
-    med = t.group_by(_KEY).aggregate([("skew_ns", "approximate_median")])
+    med = t.group_by(_KEY, use_threads=False).aggregate([("skew_ns", "approximate_median")])
     t = t.join(med, _KEY, join_type="inner").drop_columns(["ts_ns_min"])
     t = t.rename_columns(
         [("median_skew_ns" if c == "skew_ns_approximate_median" else c) for c in t.column_names]
@@ -141,7 +141,7 @@ class StragglerDetector:
             self.watermark = max(self.watermark, int(pc.max(coll["ts_ns"]).as_py()))
         out: list[Alert] = []
         if self.buffer is not None and self.buffer.num_rows:
-            cnt = self.buffer.group_by(_KEY).aggregate(
+            cnt = self.buffer.group_by(_KEY, use_threads=False).aggregate(
                 [("rank", "count_distinct"), ("nranks", "max"), ("ts_ns", "max")]
             )
             done = pc.or_(
@@ -172,9 +172,11 @@ class StragglerDetector:
         late = t.filter(t["straggler"])
         if late.num_rows == 0:
             return []
-        g = late.group_by(_KEY).aggregate([("ts_ns", "min"), ("ts_ns", "max")])
-        per_job = g.group_by(["job"]).aggregate([("ts_ns_min", "min"), ("op", "count")])
-        ranks = late.group_by(["job", "rank"]).aggregate([("skew_ns", "max")])
+        g = late.group_by(_KEY, use_threads=False).aggregate([("ts_ns", "min"), ("ts_ns", "max")])
+        per_job = g.group_by(["job"], use_threads=False).aggregate(
+            [("ts_ns_min", "min"), ("op", "count")]
+        )
+        ranks = late.group_by(["job", "rank"], use_threads=False).aggregate([("skew_ns", "max")])
         out: list[Alert] = self._split_on_new_ranks(g, ranks, now_ns)
         spans = {r["job"]: r for r in per_job.to_pylist()}
         for r in g.sort_by([("ts_ns_min", "ascending")]).to_pylist():
@@ -198,7 +200,7 @@ class StragglerDetector:
         """Resolve each job's firing episode that this part's straggle does not continue:
         only ranks it never saw, starting ``new_ranks_gap_ns`` or more after its last."""
         onset = {r["job"]: r["ts_ns_min_min"] for r in
-                 g.group_by(["job"]).aggregate([("ts_ns_min", "min")]).to_pylist()}  # fmt: skip
+                 g.group_by(["job"], use_threads=False).aggregate([("ts_ns_min", "min")]).to_pylist()}  # fmt: skip
         late: dict[str, set[str]] = {}
         for r in ranks.select(["job", "rank"]).to_pylist():
             late.setdefault(r["job"], set()).add(str(r["rank"]))
@@ -329,7 +331,7 @@ def _quiet_parts(t: pa.Table, quiet_ns: int) -> list[tuple[pa.Table, int]]:
     ``quiet_ns`` (a gap after which an episode may end): (rows, the part's first straggling
     instance's start) in time order, each instance whole in one part; one part when there
     is no such gap."""
-    inst = t.group_by(_KEY).aggregate([("ts_ns", "min")])
+    inst = t.group_by(_KEY, use_threads=False).aggregate([("ts_ns", "min")])
     t = t.join(inst, _KEY, join_type="inner")
     late = pc.unique(t.filter(t["straggler"])["ts_ns_min"]).sort().to_numpy()
     if len(late) < 2 or not ((late[1:] - late[:-1]) > quiet_ns).any():

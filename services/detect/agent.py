@@ -64,7 +64,7 @@ from services.detect.progress import ProgressView, replica_id
 from services.detect.progress_feed import ProgressFeed, ensure_topic, progress_topic
 from services.detect.runner import DetectConfig, DetectRunner
 from services.kafka import hooks
-from services.kafka.faust_app import App as FaustApp
+from services.kafka.faust_app import GatheringApp as FaustApp
 from services.kafka.feed import TopologyFeed
 from services.kafka.group import credentials
 from services.kafka.outputs import OutputProducer
@@ -160,7 +160,8 @@ def _faust_app(kafka: KafkaSettings, cfg: DetectConfig) -> faust.App:
     """Faust's defaults but for: commits every second (a kill replays little), produce
     requests that fail after 30 s instead of 20 min (the agent crashes, the process exits
     non-zero), no wait for records in flight on a rebalance or a stop (not acked, so not
-    committed: read again), and input in flight bounded in bytes (see :data:`FETCH_BYTES`).
+    committed: read again), input in flight bounded in bytes (see :data:`FETCH_BYTES`), and
+    fetches that gather up to 50 ms of records (``services.kafka.faust_app.GatheringApp``).
     Input topics are never declared; Faust declares only its own assignor topic."""
     cfg.data_dir.mkdir(parents=True, exist_ok=True)
     return FaustApp(

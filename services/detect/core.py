@@ -227,7 +227,11 @@ class DetectCore:
             # the usual case: a node's records share a raw topic and partition
             return self._unseen(table, (topic, lo, node), raw_off)
         topics = pa.repeat(pa.scalar(topic), table.num_rows) if isinstance(topic, str) else topic
-        lanes = pa.table({"t": topics, "p": raw_part}).group_by(["t", "p"]).aggregate([])
+        lanes = (
+            pa.table({"t": topics, "p": raw_part})
+            .group_by(["t", "p"], use_threads=False)
+            .aggregate([])
+        )
         parts = []
         for t, p in zip(lanes.column("t").to_pylist(), lanes.column("p").to_pylist(), strict=True):
             sub = table.filter(pc.and_(pc.equal(topics, t), pc.equal(raw_part, p)))
@@ -362,21 +366,22 @@ def _raw_topics(table: pa.Table) -> str | pa.Array:
 
 
 _RAW = TOPICS.raw
-# refined columns no evaluator reads (alerts take theirs, at a few rows: rule_eval._rows)
-_UNREAD = frozenset(
-    ["ts_source", "clock_offset_ns", "clock_basis", "raw", "null_reason", "reset", "late",
-     "decoded", "numa", "nvlink_domain", "enrich_reason", "boot_id"]
-)  # fmt: skip
+# refined columns the evaluators read whole, many times over (indexed by metric, series and
+# time, taken at positions): each is made one chunk once per group. The rest are read once
+# (grouped, filtered) or at a few rows (alerts take theirs: rule_eval._rows) and stay in
+# their tables' chunks: copying a group's string columns cost as much as a rule pass.
+_READ_WHOLE = frozenset(
+    ["node", "device", "metric", "ts", "value", "rate", "raw_partition", "raw_offset"]
+)
 
 
 def _one_table(tables: list[pa.Table]) -> pa.Table:
-    """Refined ``tables`` as one, each column read in one chunk (a dozen rules read them),
-    those nothing reads (:data:`_UNREAD`) left in their tables' chunks: not copied."""
+    """Refined ``tables`` as one, the columns of :data:`_READ_WHOLE` each in one chunk."""
     if len(tables) == 1:
         return tables[0]
     one = pa.concat_tables(tables, promote_options="permissive")
     cols = [
-        c if n in _UNREAD else c.combine_chunks()
+        c.combine_chunks() if n in _READ_WHOLE else c
         for n, c in zip(one.column_names, one.columns, strict=True)
     ]
     return pa.table(cols, schema=one.schema)

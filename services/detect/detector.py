@@ -95,7 +95,7 @@ class Detector:
         out = Emitted()
         # one index over the table: its dictionary encodings (metric, node, device) serve
         # the rules, the episodes' rows, the rollup's series and each node's newest ts
-        ix = MetricIndex(table) if table.num_rows else None
+        ix = MetricIndex(table, self.engine.row_metrics) if table.num_rows else None
         out.alerts += self.engine.evaluate(table, now_ns, ix)
         eps = self.episodes
         sub = ix.rows_of(eps.metrics, eps.columns) if ix is not None else table

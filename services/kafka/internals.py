@@ -245,9 +245,10 @@ FETCH_MAX_WAIT_MS = 50
 FETCH_MAX_BYTES = 32 * 1024 * 1024
 
 
-def short_fetch_app(base: type[_AppT]) -> type[_AppT]:
+def short_fetch_app(base: type[_AppT], min_bytes: int = 1) -> type[_AppT]:
     """``base`` (``faust.App``) whose aiokafka consumer waits at most :data:`FETCH_MAX_WAIT_MS`
-    per fetch and fetches at most :data:`FETCH_MAX_BYTES` at a time.
+    per fetch and fetches at most :data:`FETCH_MAX_BYTES` at a time; the broker answers a
+    fetch once ``min_bytes`` are there for it, or that wait has passed.
 
     Why: Faust builds its consumer with ``fetch_max_wait_ms=1500`` and no setting changes it
     (``AIOKafkaConsumerThread._create_worker_consumer``; see :mod:`services.kafka.faust_app` for
@@ -261,6 +262,7 @@ def short_fetch_app(base: type[_AppT]) -> type[_AppT]:
             consumer = super()._create_worker_consumer(transport)
             consumer._fetch_max_wait_ms = FETCH_MAX_WAIT_MS
             consumer._fetch_max_bytes = FETCH_MAX_BYTES
+            consumer._fetch_min_bytes = min_bytes
             return consumer
 
     class ShortFetchConsumer(faust_aiokafka.Consumer):

@@ -112,13 +112,14 @@ def test_rules_read_by_position_the_rows_they_filtered(
         if regex is not None:
             t = t.filter(pc.match_substring_regex(column(t, "device"), regex))
         t = t.filter(pc.is_valid(column(t, field)))
-        pos = _positions(MetricIndex(b), metric, field, where_, regex)
+        ix = MetricIndex(b)
+        pos = _positions(ix, metric, field, where_, regex)
         assert (pos is None) == (t.num_rows == 0)
         if pos is None:
             continue
         want_sel, want_cls = _plain_runs(t, classify(column(t, field), 60.0, 50.0, False))
         cls = classify(pc.take(column(b, field), pos), 60.0, 50.0, False)
-        got_sel = _runs(b, pos, cls)
+        got_sel = _runs(ix, pos, cls)
         assert got_sel["_cls"].to_pylist() == want_cls
         assert _rows(got_sel) == _rows(want_sel)
 

@@ -9,7 +9,7 @@ import pyarrow.compute as pc
 
 from pipelines.detect.alerts import HI, LO, AlertBook
 from pipelines.detect.rollup import SeriesIds, coded, merge_coded, merge_partials, named
-from pipelines.detect.rule_eval import _live
+from pipelines.detect.rule_eval import MetricIndex, _hot
 from services.detect.core import _by_node, _one_table
 
 
@@ -77,17 +77,24 @@ def test_closed_rollups_split_per_node_as_filtering_per_node_did() -> None:
 
 
 def test_the_walk_keeps_the_rows_of_series_it_may_step() -> None:
-    sel = pa.table(
+    t = pa.table(
         {
-            "node": ["n1", "n1", "n2", "n2", "n3"],
-            "device": ["g0", "g0", "g0", "g0", "g0"],
-            "_key": ["n1\x1fg0", "n1\x1fg0", "n2\x1fg0", "n2\x1fg0", "n3\x1fg0"],
-            "_cls": pa.array([LO, HI, LO, LO, LO], pa.int8()),
+            "node": ["n1", "n2", "n1", "n2", "n3"],
+            "device": ["g0", "g0", "g0", "g0", "mlx5_0/1"],  # a device name may hold a "/"
+            "metric": ["m"] * 5,
+            "ts": [2, 3, 1, 4, 5],
         }
     )
+    ix = MetricIndex(t)
+    pos = ix.positions("m")
+    assert pos.to_pylist() == [2, 0, 1, 3, 4]  # in (series, ts) order
+    cls = pa.array([LO, HI, LO, LO, LO], pa.int8())  # per position
     book = AlertBook()
-    book.get("r", "n3/g0")  # a series with state (pending or firing) from a batch before
+    book.get("r", "n3/mlx5_0/1")  # a series with state (pending or firing) from a batch before
     book.get("other", "n2/g0")  # another rule's: not this one's
-    kept = _live("r", sel, book)
-    assert kept["node"].to_pylist() == ["n1", "n1", "n3"]
-    assert kept["_cls"].to_pylist() == [LO, HI, LO]
+    got = _hot("r", ix, book, pos, cls)
+    assert got is not None
+    kept, kept_cls = got
+    assert pc.take(t["node"], kept).to_pylist() == ["n1", "n1", "n3"]
+    assert kept_cls.to_pylist() == [LO, HI, LO]
+    assert _hot("r", ix, AlertBook(), pos, pa.array([LO] * 5, pa.int8())) is None
