@@ -20,7 +20,7 @@ from pydantic import ValidationError
 
 from schemas.errors import BrokerError, ConfigError, RefineryError
 from services.cli_parts import one_line, print_json
-from services.heap import keep_arrow_pages
+from services.heap import RETURNS_ARROW_PAGES, keep_arrow_pages
 from services.settings import RefinerySettings, load_settings
 
 # The product's modules that contribute sub-commands through ``add_parser(subparsers)``.
@@ -142,7 +142,9 @@ def _kafka_failure(e: BaseException) -> str | None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    keep_arrow_pages()  # before build_parser: its command modules load pyarrow
+    command = next(iter(sys.argv[1:] if argv is None else argv), None)
+    if command not in RETURNS_ARROW_PAGES:
+        keep_arrow_pages()  # before build_parser: its command modules load pyarrow
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

@@ -18,6 +18,12 @@ refills). :func:`keep_arrow_pages` sets ``MIMALLOC_PURGE_DELAY=-1`` (never purge
 are reused) unless the environment has it already. mimalloc reads it when pyarrow loads, so it
 must run first: the ``refinery`` command calls it before anything imports pyarrow. The
 process keeps its high-water mark of Arrow memory in exchange, as with the glibc heap.
+
+Detect (:data:`RETURNS_ARROW_PAGES`) keeps mimalloc's purge: its groups' Arrow buffers are a
+few megabytes each, and its process spent the same CPU per sample with purged pages (5.08 and
+5.03 CPU-s over the same input at 64 simulated nodes) while its peak RSS fell from 420-490 to
+369 MiB: the high-water mark it kept was its first seconds' (every source new), not its
+steady state.
 """
 
 from __future__ import annotations
@@ -31,6 +37,8 @@ _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
 MMAP_THRESHOLD = 32 << 20  # glibc's ceiling for this setting on 64-bit
 TRIM_THRESHOLD = 1 << 30
+# ``refinery`` commands that leave mimalloc's purge on (see the module)
+RETURNS_ARROW_PAGES = frozenset({"detect"})
 
 
 def keep_heap() -> bool:

@@ -24,10 +24,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from services.heap import keep_arrow_pages, keep_heap
+from services.heap import keep_heap
 
-keep_arrow_pages()  # detect's allocator settings (the refinery command's, before pyarrow loads)
-keep_heap()
+keep_heap()  # detect's allocator settings: its glibc heap kept, mimalloc's purge left on
 
 import pyarrow as pa  # noqa: E402
 
