@@ -95,3 +95,17 @@ def test_the_cli_keeps_arrow_pages_from_before_pyarrow_loads() -> None:
     assert faults < 50  # freed pages were kept and reused
     # the control: a purge delay the user set is respected, and then the pages go and come back
     assert _faults(MIMALLOC_PURGE_DELAY="10")[2] > 200
+
+
+def test_detect_leaves_mimallocs_purge_on_and_the_other_commands_keep_pages(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from services.cli import main
+
+    monkeypatch.delenv("MIMALLOC_PURGE_DELAY", raising=False)
+    with pytest.raises(SystemExit):
+        main(["detect", "--help"])
+    assert "MIMALLOC_PURGE_DELAY" not in os.environ
+    with pytest.raises(SystemExit):
+        main(["worker", "--help"])
+    assert os.environ["MIMALLOC_PURGE_DELAY"] == "-1"
