@@ -27,10 +27,12 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipelines._arrow import column, take, true_mask
+from pipelines._arrow import column
 from pipelines.detect.alerts import stable_id
 from schemas.records import AlertState, Episode
 
@@ -158,8 +160,12 @@ class EpisodeTracker:
         ``ts`` (the default) is only safe for one time-ordered stream. Firing records carry
         the batch's peaks and members."""
         opened: list[OpenEpisode] = []
-        self._congestion(refined, opened)
-        self._throttling(refined, opened)
+        if refined.num_rows:
+            if refined.column(0).num_chunks > 1:  # each column read joined once, not per read
+                refined = refined.combine_chunks()
+            by = _Metrics(refined)
+            self._congestion(refined, opened, by)
+            self._throttling(refined, opened, by)
         out = [e.record(AlertState.FIRING, now_ns) for e in opened]
         if until_ns is None and refined.num_rows:
             until_ns = int(pc.max(column(refined, "ts")).as_py())
@@ -181,20 +187,17 @@ class EpisodeTracker:
         """Close episodes quiet at ``now_ns`` (also when their ports stopped reporting)."""
         return self._close_quiet(now_ns, now_ns)
 
-    def _congestion(self, refined: pa.Table, opened: list[OpenEpisode]) -> None:
-        t = self._congestion_rows(refined)
+    def _congestion(
+        self, refined: pa.Table, opened: list[OpenEpisode], by: _Metrics | None = None
+    ) -> None:
+        t = self._congestion_rows(refined, by)
         if t is None:
             return
-        g = t.group_by(["port", "prio", "metric"]).aggregate([("rate", "max")])
-        h = t.filter(t["hot"]).group_by(["port", "prio"]).aggregate([("ts", "min"), ("ts", "max")])
-        who = t.group_by(["port"]).aggregate(
-            [("nic", "distinct"), ("node", "distinct"), ("job", "distinct")]
-        )
-        members = {r["port"]: r for r in who.to_pylist()}
-        peaks: dict[tuple[str, int | None], dict[str, float]] = {}
-        for r in g.to_pylist():
-            peaks.setdefault((r["port"], r["prio"]), {})[r["metric"]] = float(r["rate_max"])
-        hot_rows = sorted(h.to_pylist(), key=lambda r: (r["prio"] is None, r["port"]))
+        hot_rows: list[dict[str, Any]] = []
+        if pc.any(t["hot"]).as_py():
+            h = t.filter(t["hot"]).group_by(["port", "prio"])
+            h = h.aggregate([("ts", "min"), ("ts", "max")])
+            hot_rows = sorted(h.to_pylist(), key=lambda r: (r["prio"] is None, r["port"]))
         for r in hot_rows:
             port, p = r["port"], r["prio"]
             targets = [e for e in self.open.values() if e.port == port and e.kind == "congestion"]
@@ -207,7 +210,18 @@ class EpisodeTracker:
                 targets = [e]
             for e in targets:
                 e.last_active_ns = max(e.last_active_ns, int(r["ts_max"]))
-        for e in [e for e in self.open.values() if e.kind == "congestion"]:
+        episodes = [e for e in self.open.values() if e.kind == "congestion"]
+        if not episodes:
+            return
+        g = t.group_by(["port", "prio", "metric"]).aggregate([("rate", "max")])
+        who = t.group_by(["port"]).aggregate(
+            [("nic", "distinct"), ("node", "distinct"), ("job", "distinct")]
+        )
+        members = {r["port"]: r for r in who.to_pylist()}
+        peaks: dict[tuple[str, int | None], dict[str, float]] = {}
+        for r in g.to_pylist():
+            peaks.setdefault((r["port"], r["prio"]), {})[r["metric"]] = float(r["rate_max"])
+        for e in episodes:
             for (port, p), pk in peaks.items():
                 if port == e.port and (p is None or p == e.priority):
                     for m, v in pk.items():
@@ -219,37 +233,50 @@ class EpisodeTracker:
                 _add(e.nodes, mem["node_distinct"])
                 _add(e.jobs, mem["job_distinct"])
 
-    def _congestion_rows(self, refined: pa.Table) -> pa.Table | None:
+    def _congestion_rows(self, refined: pa.Table, by: _Metrics | None = None) -> pa.Table | None:
         """The congestion rows an update reads — rates over their threshold, and any rate of
         a port with an episode open — as ``port, prio, metric, rate, ts, hot, nic, node,
-        job``, in table order; None when there is none.
+        job``, in table order; None when there is none. ``by``: ``refined``'s metrics, when
+        the caller has them.
 
         Most rows are neither (no port congested): they are dropped on the metric, the rate
         and the leaf and node names before any port key is built. A row is kept there when
-        its leaf or node starts an open port's key (a superset of the rows on open ports),
-        then held to the exact port."""
+        its leaf or node starts an open port's key (:func:`_port_heads`) and the names its
+        own key is made of may make one (:func:`_port_splits`: a superset of the rows on
+        open ports), then held to the exact port."""
+        if refined.num_rows == 0:
+            return None
         th = self.settings.thresholds
-        names, limits = pa.array(list(th), pa.string()), pa.array(list(th.values()), pa.float64())
+        by = by or _Metrics(refined)
         rate = column(refined, "rate")
-        limit = take(limits, pc.index_in(column(refined, "metric"), value_set=names))
-        hot = true_mask(pc.greater(rate, limit))
+        hot = rate.to_numpy(zero_copy_only=False) > by.lookup(th)  # NaN (NULL, no limit): False
         keep = hot
         ports = self._open_ports()
         if len(ports):
-            heads = _port_heads(ports.to_pylist())
-            near = pc.or_(
-                pc.is_in(column(refined, "leaf"), value_set=heads),
-                pc.is_in(column(refined, "node"), value_set=heads),
-            )
-            keep = pc.or_(
-                hot, true_mask(pc.and_(pc.is_valid(limit), pc.and_(near, pc.is_valid(rate))))
-            )
-        cols = ["leaf", "leaf_port", "device", "node", "nic", "metric", "rate", "ts", "job"]
-        t = refined.select(cols).filter(keep)
-        if t.num_rows == 0:
+            names = ports.to_pylist()
+            heads = _port_heads(names)
+            leaf, node = column(refined, "leaf"), column(refined, "node")
+            leaf_in = _mask(pc.is_in(leaf, value_set=heads))
+            node_in = _mask(pc.is_in(node, value_set=heads))
+            near = (leaf_in | node_in) & by.of(th)
+            if rate.null_count:
+                near &= _mask(pc.is_valid(rate))
+            if near.any():
+                every, tails = _port_splits(names)
+                if len(every) != len(heads):
+                    leaf_in = _mask(pc.is_in(leaf, value_set=every))
+                    node_in = _mask(pc.is_in(node, value_set=every))
+                leaf_port = column(refined, "leaf_port")
+                on_leaf = _mask(pc.and_(pc.is_valid(leaf), pc.is_valid(leaf_port)))
+                port_in = _mask(pc.is_in(leaf_port, value_set=tails))
+                near &= np.where(on_leaf, leaf_in & port_in, node_in)
+            keep = hot | near
+        if not keep.any():
             return None
+        hot = pa.array(hot[keep])
+        cols = ["leaf", "leaf_port", "device", "node", "nic", "metric", "rate", "ts", "job"]
+        t = refined.select(cols).filter(pa.array(keep))
         key, prio = _port_keys(t)
-        hot = hot.filter(keep)
         t = pa.table(
             {
                 "port": key,
@@ -268,17 +295,30 @@ class EpisodeTracker:
         t = t.filter(pc.or_(hot, pc.is_in(t["port"], value_set=ports)))
         return t if t.num_rows else None
 
-    def _throttling(self, refined: pa.Table, opened: list[OpenEpisode]) -> None:
-        m = column(refined, "metric")
-        t = refined.filter(true_mask(pc.equal(m, THROTTLE_METRIC)))
-        t = t.filter(pc.is_valid(column(t, "value"))) if t.num_rows else t
-        if t.num_rows == 0:
+    def _throttling(
+        self, refined: pa.Table, opened: list[OpenEpisode], by: _Metrics | None = None
+    ) -> None:
+        by = by or _Metrics(refined)
+        rows = by.of([THROTTLE_METRIC])
+        value = column(refined, "value")
+        if value.null_count:
+            rows &= _mask(pc.is_valid(value))
+        if not rows.any():
             return
+        if not _quiet(value.to_numpy(zero_copy_only=False)[rows]):
+            self._throttled(refined.filter(pa.array(rows)), opened)
+        self._gpu_peaks(refined, by)
+
+    def _throttled(self, t: pa.Table, opened: list[OpenEpisode]) -> None:
+        """Open or extend the throttling episodes of the GPUs of ``t`` (throttle reason rows,
+        each with a value) with a reason bit set."""
         bits = pc.bit_wise_and(pc.cast(column(t, "value"), pa.int64(), safe=False), THROTTLE_BITS)
+        hot_bits = pc.not_equal(bits, 0)
+        if not pc.any(hot_bits).as_py():
+            return
         key = pc.binary_join_element_wise(column(t, "node"), column(t, "device"), "/")
-        tt = pa.table({"key": key, "bits": bits, "ts": column(t, "ts"), "job": column(t, "job")})
-        tt = tt.append_column("node", column(t, "node"))
-        hot = tt.filter(pc.not_equal(tt["bits"], 0))
+        cols = {"key": key, "bits": bits, "ts": column(t, "ts"), "job": column(t, "job")}
+        hot = pa.table(cols).filter(hot_bits)
         agg = hot.group_by(["key"]).aggregate(
             [("ts", "min"), ("ts", "max"), ("bits", "distinct"), ("job", "distinct")]
         )
@@ -295,19 +335,25 @@ class EpisodeTracker:
                 b |= int(x)
             e.peak[THROTTLE_METRIC] = float(b)
             _add(e.jobs, r["job_distinct"])
-        self._gpu_peaks(refined)
 
-    def _gpu_peaks(self, refined: pa.Table) -> None:
+    def _gpu_peaks(self, refined: pa.Table, by: _Metrics | None = None) -> None:
+        """Peaks of the open throttling episodes' GPUs: rows of :data:`GPU_PEAK_METRICS`
+        whose node starts an open key, then of the exact keys."""
         keys = [k for k, e in self.open.items() if e.kind == "throttling"]
         if not keys:
             return
-        sel = pa.array(GPU_PEAK_METRICS)
-        t = refined.filter(pc.is_in(column(refined, "metric"), value_set=sel))
-        if t.num_rows == 0:
+        rows = (by or _Metrics(refined)).of(GPU_PEAK_METRICS)
+        if not rows.any():
             return
+        rows &= _mask(pc.is_in(column(refined, "node"), value_set=_key_heads(keys)))
+        if not rows.any():
+            return
+        t = refined.filter(pa.array(rows))
         key = pc.binary_join_element_wise(column(t, "node"), column(t, "device"), "/")
         tt = pa.table({"key": key, "metric": column(t, "metric"), "value": column(t, "value")})
         tt = tt.filter(pc.is_in(tt["key"], value_set=pa.array(keys)))
+        if tt.num_rows == 0:
+            return
         g = tt.group_by(["key", "metric"]).aggregate([("value", "min"), ("value", "max")])
         for r in g.to_pylist():
             e = self.open[r["key"]]
@@ -367,12 +413,74 @@ class EpisodeTracker:
         return t
 
 
+def _quiet(values: npt.NDArray[np.float64]) -> bool:
+    """Whether no throttle reason value has a :data:`THROTTLE_BITS` bit set, when that is
+    certain without Arrow: every value finite and in int64 range, truncated as Arrow's
+    unsafe cast truncates it."""
+    if not (np.isfinite(values).all() and (np.abs(values) < 2.0**63).all()):
+        return False
+    return not (values.astype(np.int64) & THROTTLE_BITS).any()
+
+
 def _port_heads(ports: list[str]) -> Any:
     """What a row's leaf or node is when its port key is one of ``ports`` (``leaf/leaf_port``
     or ``node/nic``): the text before the first and before the last ``/`` of each (either
     name may hold a ``/``, not both)."""
     heads = {p.partition("/")[0] for p in ports} | {p.rpartition("/")[0] for p in ports}
     return pa.array(sorted(heads), pa.string())
+
+
+def _port_splits(ports: list[str]) -> tuple[Any, Any]:
+    """The texts before and after each ``/`` of each of ``ports``: a row whose port key is
+    one of them has its leaf and leaf port, or its node, among these (whichever name holds
+    a ``/``)."""
+    heads = {p[:i] for p in ports for i, c in enumerate(p) if c == "/"}
+    tails = {p[i + 1 :] for p in ports for i, c in enumerate(p) if c == "/"}
+    return pa.array(sorted(heads), pa.string()), pa.array(sorted(tails), pa.string())
+
+
+def _key_heads(keys: list[str]) -> Any:
+    """Every node a ``node/device`` key of ``keys`` may be of: its text before each ``/``."""
+    heads = {k[:i] for k in keys for i, c in enumerate(k) if c == "/"}
+    return pa.array(sorted(heads), pa.string())
+
+
+def _mask(a: Any) -> npt.NDArray[np.bool_]:
+    """A boolean Arrow array as numpy, NULL read as False."""
+    if a.null_count:
+        a = pc.fill_null(a, False)
+    return np.asarray(a.to_numpy(zero_copy_only=False), np.bool_)
+
+
+class _Metrics:
+    """The metric of each row of a table as a small integer, after one hashing pass over
+    the column: the rows of a few metrics, or a value per metric, are then looked up per
+    integer instead of comparing every row's string for each."""
+
+    def __init__(self, t: pa.Table) -> None:
+        enc = pc.dictionary_encode(column(t, "metric"))
+        idx = enc.indices
+        # a NULL metric reads the last slot of a lookup table: none
+        self._codes = (pc.fill_null(idx, -1) if idx.null_count else idx).to_numpy()
+        self._slots = len(enc.dictionary) + 1
+        self._index = {n: i for i, n in enumerate(enc.dictionary.to_pylist())}
+
+    def of(self, metrics: Any) -> npt.NDArray[np.bool_]:
+        """Whether each row's metric is one of ``metrics``."""
+        lut = np.zeros(self._slots, np.bool_)
+        lut[[self._index[m] for m in metrics if m in self._index]] = True
+        out: npt.NDArray[np.bool_] = lut.take(self._codes)
+        return out
+
+    def lookup(self, values: dict[str, float]) -> npt.NDArray[np.float64]:
+        """``values`` of each row's metric; NaN where it has none."""
+        lut = np.full(self._slots, np.nan)
+        for m, v in values.items():
+            i = self._index.get(m)
+            if i is not None:
+                lut[i] = v
+        out: npt.NDArray[np.float64] = lut.take(self._codes)
+        return out
 
 
 def _add(target: list[str], items: list[Any]) -> None:

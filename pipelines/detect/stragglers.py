@@ -199,8 +199,8 @@ class StragglerDetector:
     def _split_on_new_ranks(self, g: pa.Table, ranks: pa.Table, now_ns: int) -> list[Alert]:
         """Resolve each job's firing episode that this part's straggle does not continue:
         only ranks it never saw, starting ``new_ranks_gap_ns`` or more after its last."""
-        onset = {r["job"]: r["ts_ns_min_min"] for r in
-                 g.group_by(["job"], use_threads=False).aggregate([("ts_ns_min", "min")]).to_pylist()}  # fmt: skip
+        first = g.group_by(["job"], use_threads=False).aggregate([("ts_ns_min", "min")])
+        onset = {r["job"]: r["ts_ns_min_min"] for r in first.to_pylist()}
         late: dict[str, set[str]] = {}
         for r in ranks.select(["job", "rank"]).to_pylist():
             late.setdefault(r["job"], set()).add(str(r["rank"]))

@@ -137,10 +137,9 @@ def eval_plain_thresholds(
     sel = sel.append_column("_key", joined).append_column("_cls", pa.array(cls[keep]))
     owners = rule_of[keep]
     cut = [0, *(np.flatnonzero(owners[1:] != owners[:-1]) + 1).tolist(), len(owners)]
-    for a, b in zip(cut, cut[1:], strict=False):
+    for a, b in itertools.pairwise(cut):
         rule, field = rules[int(owners[a])]
+        part = sel.slice(a, b - a)
         make = summary_maker(rule, field)
-        out[rule.name] = _walk(
-            rule.name, rule.for_ns, sel.slice(a, b - a), book, now_ns, topic, make
-        )
+        out[rule.name] = _walk(rule.name, rule.for_ns, part, book, now_ns, topic, make)
     return out

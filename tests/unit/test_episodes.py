@@ -4,11 +4,15 @@ members, stable ids."""
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
-from pipelines.detect.episodes import EpisodeSettings, EpisodeTracker
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pipelines.detect.episodes import THROTTLE_BITS, EpisodeSettings, EpisodeTracker, _port_keys
 from schemas.records import AlertState, Episode
-from tests.unit.derived_helpers import T0, S, batches, series
+from tests.unit.derived_helpers import T0, S, batches, refined, series
 
 
 def storm_rows(
@@ -125,3 +129,58 @@ def test_clean_stream_has_no_episodes() -> None:
     rows = series("n1", "mlx5_0/1/prio3", "nic.rx_prio_pause", [3.0] * 60, field="rate")
     rows += series("n1", "gpu0", "gpu.clock_event_reasons", [0.0] * 60)
     assert run(EpisodeTracker(), rows) == []
+
+
+def _plain_rows(tr: EpisodeTracker, t: pa.Table) -> list[dict[str, Any]]:
+    """The congestion rows an update reads, every row's port key built: over a threshold,
+    or a rate of a congestion metric on a port with an episode open."""
+    th = tr.settings.thresholds
+    key, _ = _port_keys(t)
+    open_ports = set(tr._open_ports().to_pylist())
+    out = []
+    for r, port in zip(t.to_pylist(), key.to_pylist(), strict=True):
+        rate, limit = r["rate"], th.get(r["metric"])
+        hot = rate is not None and limit is not None and rate > limit
+        if hot or (limit is not None and rate is not None and port in open_ports):
+            out.append({"port": port, "metric": r["metric"], "rate": rate, "hot": hot})
+    return out
+
+
+def test_rows_on_open_ports_are_read_whatever_slashes_the_names_hold() -> None:
+    ports = [  # leaf, leaf port, node, nic: a "/" in one of the names a key is made of
+        ("leaf/a", "2", "n1", "mlx5_0"),
+        ("leaf-b", "p/3", "n2", "mlx5_0"),
+        (None, None, "rack/n3", "mlx5_1"),
+        (None, None, "n4", "mlx5/2"),
+    ]
+    tr = EpisodeTracker()
+    rows: list[dict[str, Any]] = []
+    for rate, step in ((1e5, 0), (10.0, 1), (10.0, 2)):  # hot once, then quiet
+        for leaf, port, node, nic in [*ports, ("leaf", "a/2", "n5", "mlx5_0")]:
+            enr = {"leaf": leaf, "leaf_port": port, "nic": nic}
+            ts = T0 + step * S
+            for m in ("nic.rx_prio_pause", "rdma.np_cnp_sent"):
+                rows.append({"node": node, "device": f"{nic}/1/prio3", "metric": m} | enr)
+                rows[-1] |= {"ts": ts, "rate": rate if node != "n5" or step else 1.0}
+    for step in range(3):
+        t = refined([r for r in rows if r["ts"] == T0 + step * S])
+        sel = ["leaf", "leaf_port", "device", "node", "nic", "metric", "rate", "ts", "job"]
+        got = tr._congestion_rows(t)
+        want = _plain_rows(tr, t.select(sel))
+        cols = ["port", "metric", "rate", "hot"]
+        assert (got.select(cols).to_pylist() if got is not None else []) == want
+        tr.update(t, T0 + step * S)
+    assert len(tr.open) == len(ports)
+
+
+def test_throttle_reasons_that_are_no_integer_read_as_arrow_casts_them() -> None:
+    odd = [math.nan, math.inf, 1e30, 0.9]  # no reason bits, but as Arrow's unsafe cast reads them
+    rows = series("n3", "gpu5", "gpu.clock_event_reasons", odd)
+    rows += series("n3", "gpu6", "gpu.clock_event_reasons", [0.0, 32.5], t0=T0 + 10 * S)
+    cast = pc.cast(pa.array(odd), pa.int64(), safe=False)
+    odd_bits = {int(b) & THROTTLE_BITS for b in cast.to_pylist()} - {0}
+    tr = EpisodeTracker()
+    out = run(tr, rows)
+    want = [("n3/gpu5", "firing")] if odd_bits else []
+    assert [(e.entity, e.state.value) for e in out] == [*want, ("n3/gpu6", "firing")]
+    assert tr.open["n3/gpu6"].peak["gpu.clock_event_reasons"] == 0x20
