@@ -250,6 +250,32 @@ def _walk(
     return out
 
 
+def threshold_limits(rule: ThresholdRule) -> tuple[float, float, bool]:
+    """(fire, resolve, below) of ``rule``."""
+    limit = rule.below if rule.below is not None else rule.above
+    if limit is None:  # the rule loader requires exactly one of above and below
+        raise ValueError(f"rule {rule.name}: sets neither above nor below")
+    fire = float(limit)
+    return fire, fire if rule.resolve is None else float(rule.resolve), rule.below is not None
+
+
+def threshold_summary(rule: ThresholdRule, field: str) -> Any:
+    """``make(row, onset)`` for :func:`_walk`: a firing threshold alert's severity, summary
+    and evidence."""
+    fire, resolve, _ = threshold_limits(rule)
+
+    def make(row: dict[str, Any], onset: int) -> tuple[str, str, dict[str, Any]]:
+        v = row.get(field)
+        vals = {**row, "rule": rule.name, "severity": rule.severity.value}
+        vals |= {"entity": f"{row['node']}/{row['device']}", "metric": rule.metric}
+        vals |= {"value": v, "threshold": fire, "resolve": resolve, "for_s": rule.for_ns / 1e9}
+        ev = {"metric": rule.metric, "field": field, "value": v, "threshold": fire}
+        ev |= {"resolve": resolve, "onset_ns": onset}
+        return rule.severity.value, render(rule.summary, vals), ev
+
+    return make
+
+
 def eval_threshold(
     rule: ThresholdRule,
     field: str,
@@ -262,27 +288,13 @@ def eval_threshold(
     pos = _positions(index, rule.metric, field, rule.where, rule.device_regex)
     if pos is None:
         return []
-    below = rule.below is not None
-    limit = rule.below if rule.below is not None else rule.above
-    if limit is None:  # the rule loader requires exactly one of above and below
-        raise ValueError(f"rule {rule.name}: sets neither above nor below")
-    fire = float(limit)
-    resolve = fire if rule.resolve is None else rule.resolve
+    fire, resolve, below = threshold_limits(rule)
     values = take(column(index.table, field), pos)
     hot = _hot(rule.name, index, book, pos, classify(values, fire, resolve, below))
     if hot is None:
         return []
     sel = _runs(index, *hot)
-
-    def make(row: dict[str, Any], onset: int) -> tuple[str, str, dict[str, Any]]:
-        v = row.get(field)
-        vals = {**row, "rule": rule.name, "severity": rule.severity.value}
-        vals |= {"entity": f"{row['node']}/{row['device']}", "metric": rule.metric}
-        vals |= {"value": v, "threshold": fire, "resolve": resolve, "for_s": rule.for_ns / 1e9}
-        ev = {"metric": rule.metric, "field": field, "value": v, "threshold": fire}
-        ev |= {"resolve": resolve, "onset_ns": onset}
-        return rule.severity.value, render(rule.summary, vals), ev
-
+    make = threshold_summary(rule, field)
     return _walk(rule.name, rule.for_ns, sel, book, now_ns, topic, make)
 
 

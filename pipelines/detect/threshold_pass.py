@@ -15,7 +15,6 @@ same hysteresis, so the alerts are the same, in the same order.
 from __future__ import annotations
 
 import itertools
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -23,8 +22,15 @@ import pyarrow.compute as pc
 
 from pipelines._arrow import column, take
 from pipelines.detect.alerts import HI, LO, MID, AlertBook
-from pipelines.detect.rule_config import ThresholdRule, render
-from pipelines.detect.rule_eval import _ROW_READ, SEP, MetricIndex, _walk
+from pipelines.detect.rule_config import ThresholdRule
+from pipelines.detect.rule_eval import (
+    _ROW_READ,
+    SEP,
+    MetricIndex,
+    _walk,
+    threshold_limits,
+    threshold_summary,
+)
 from schemas.records import Alert
 
 
@@ -35,32 +41,6 @@ def plain(rules: list[ThresholdRule]) -> list[ThresholdRule]:
     return [
         r for r in rules if not r.where and r.device_regex is None and metrics.count(r.metric) == 1
     ]
-
-
-def limits(rule: ThresholdRule) -> tuple[float, float, bool]:
-    """(fire, resolve, below) of ``rule``."""
-    limit = rule.below if rule.below is not None else rule.above
-    if limit is None:  # the rule loader requires exactly one of above and below
-        raise ValueError(f"rule {rule.name}: sets neither above nor below")
-    fire = float(limit)
-    return fire, fire if rule.resolve is None else float(rule.resolve), rule.below is not None
-
-
-def summary_maker(rule: ThresholdRule, field: str) -> Any:
-    """``make(row, onset)`` for :func:`~pipelines.detect.rule_eval._walk`: a firing alert's
-    severity, summary and evidence."""
-    fire, resolve, _ = limits(rule)
-
-    def make(row: dict[str, Any], onset: int) -> tuple[str, str, dict[str, Any]]:
-        v = row.get(field)
-        vals = {**row, "rule": rule.name, "severity": rule.severity.value}
-        vals |= {"entity": f"{row['node']}/{row['device']}", "metric": rule.metric}
-        vals |= {"value": v, "threshold": fire, "resolve": resolve, "for_s": rule.for_ns / 1e9}
-        ev = {"metric": rule.metric, "field": field, "value": v, "threshold": fire}
-        ev |= {"resolve": resolve, "onset_ns": onset}
-        return rule.severity.value, render(rule.summary, vals), ev
-
-    return make
 
 
 def eval_plain_thresholds(
@@ -104,7 +84,8 @@ def eval_plain_thresholds(
         pos, rule_of = pos.filter(pa.array(valid)), rule_of[valid]
         values = values.filter(pa.array(valid))
     v = values.to_numpy(zero_copy_only=False).astype(np.float64, copy=False)
-    lims = np.array([limits(r) for r, _ in rules], dtype=np.float64)  # fire, resolve, below
+    # per rule: fire, resolve, below
+    lims = np.array([threshold_limits(r) for r, _ in rules], dtype=np.float64)
     sign = np.where(lims[:, 2] > 0, -1.0, 1.0)[rule_of]  # below: mirrored
     sv = sign * v
     hi = sv > sign * lims[:, 0][rule_of]
@@ -140,6 +121,6 @@ def eval_plain_thresholds(
     for a, b in itertools.pairwise(cut):
         rule, field = rules[int(owners[a])]
         part = sel.slice(a, b - a)
-        make = summary_maker(rule, field)
+        make = threshold_summary(rule, field)
         out[rule.name] = _walk(rule.name, rule.for_ns, part, book, now_ns, topic, make)
     return out
