@@ -1,8 +1,10 @@
 """Evaluate sample rules (threshold, bitmask, sample-borne events) and event rules.
 
-Hot path: per rule, one vectorized filter of the refined batch, one classification, one sort
-by (series, ts), and one vectorized pass that keeps only the rows where a series' class
-changes (run starts and ends). Python then walks those few rows — about one or two per
+Hot path: one sort of the rules' rows by (metric, series, ts) per refined batch
+(:class:`MetricIndex`); per rule, a slice of it, one classification, the series it may step
+(:func:`_hot`), and one vectorized pass that keeps only the rows where a series' class
+changes (run starts and ends). Plain threshold rules do all that in one pass together
+(:mod:`pipelines.detect.threshold_pass`). Python then walks those few rows — about one or two per
 series per batch — through each series' :class:`~pipelines.detect.alerts.Hysteresis`.
 """
 
@@ -31,7 +33,7 @@ _ROW_READ = (*_ROW_COLS, *_ENRICH, "value", "rate", "clock_error_ns")
 
 class MetricIndex:
     """Row positions of a refined table by metric, after one dictionary encoding of its
-    ``metric`` column: each rule takes its rows' positions with an integer comparison, then
+    ``metric`` column: each rule takes its rows' positions as a slice of one sort, then
     only the columns it reads at those positions, and the whole row only at the few rows
     where a series' class changes. (Filtering the table by metric copied every column of
     every row of the metric for each rule.)"""

@@ -366,8 +366,8 @@ def _cannot_fire(
     """True when no rule can find ``src`` silent at this tick: its partition's newest append
     is no further past the append of the source's newest record than the shortest span a
     rule waits. That bounds :func:`_quiet` from above (it counts from that append or later,
-    to that newest or earlier), so skipping the source changes nothing; most ticks judge
-    only the few sources near their span instead of every source. The append of the
+    to that newest or earlier), so skipping the source changes nothing; a tick then looks
+    up the quiet time of only the few sources near their span. The append of the
     source's record and the spans are kept per source until its record, partition or
     intervals change."""
     key = (st.topic, st.partition, st.offset, st.interval_ns, st.broker_interval_ns)
