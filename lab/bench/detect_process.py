@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -55,21 +56,6 @@ def prepare(state: Path, nodes: int, seconds: int, seed: int = 41) -> dict[str, 
            "samples": samples, "worker": asdict(run)}  # fmt: skip
     state.write_text(json.dumps(doc))
     return doc
-
-
-def thread_cpu_s(pid: int) -> dict[str, float]:
-    """CPU seconds (user + system) of each thread of ``pid``, summed by thread name."""
-    tick = os.sysconf("SC_CLK_TCK")
-    out: dict[str, float] = {}
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            stat = (task / "stat").read_text()
-        except OSError:
-            continue
-        name = stat[stat.index("(") + 1 : stat.rindex(")")]
-        fields = stat[stat.rindex(")") + 2 :].split()
-        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
-    return out
 
 
 def smaps(pid: int) -> dict[str, float]:
@@ -113,7 +99,8 @@ class Watch:
 
     def __call__(self, kids: list[Child]) -> Callable[[], None]:
         pid = kids[0].proc.pid
-        before = thread_cpu_s(pid)
+        pids = [c.proc.pid for c in kids]
+        before = {p: task_cpu_s(p) for p in pids}
         stop_spy = _py_spy(self.spy, pid) if self.spy is not None else None
         done = threading.Event()
 
@@ -125,13 +112,47 @@ class Watch:
 
         def stop() -> None:
             done.set()
-            after = thread_cpu_s(pid)
-            self.threads = {k: round(v - before.get(k, 0.0), 2) for k, v in after.items()}
+            for i, p in enumerate(pids):
+                after, names = task_cpu_s(p), thread_names(p)
+                for tid, (comm, cpu) in after.items():
+                    name = f"{i}:{names.get(tid, comm)}"
+                    spent = cpu - before[p].get(tid, (comm, 0.0))[1]
+                    self.threads[name] = round(self.threads.get(name, 0.0) + spent, 2)
             self.memory = {**_memory(pid), **smaps(pid)}
             if stop_spy is not None:
                 stop_spy()
 
         return stop
+
+
+def task_cpu_s(pid: int) -> dict[int, tuple[str, float]]:
+    """Per thread id of ``pid``: its name as the kernel has it and its CPU seconds."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict[int, tuple[str, float]] = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            stat = (task / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()
+        comm = stat[stat.index("(") + 1 : stat.rindex(")")]
+        out[int(task.name)] = (comm, (int(fields[11]) + int(fields[12])) / tick)
+    return out
+
+
+def thread_names(pid: int) -> dict[int, str]:
+    """Python's names of the threads of ``pid`` by thread id (``py-spy dump``; empty
+    without it): the kernel names every Python thread after the program."""
+    spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    try:
+        text = subprocess.run([spy, "dump", "--pid", str(pid)], capture_output=True,
+                              text=True, timeout=30).stdout  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    return {int(m.group(1)): m.group(2) for m in _THREAD.finditer(text)}
+
+
+_THREAD = re.compile(r'^Thread (\d+) \([^)]*\): "([^"]*)"', re.M)
 
 
 def _py_spy(out: Path, pid: int) -> Callable[[], None]:

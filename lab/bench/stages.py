@@ -14,12 +14,17 @@ start-up and rebalances are left out; ``peak RSS``: the largest ``VmHWM`` of its
 
 The second replica runs at the largest node count on the same input. On this machine's two
 cores it cannot run faster, so its figure is CPU-seconds per million samples against one
-replica's (the goal: within 10 %); the wall-clock speed-up is reported too. The sizes of the
-raw, refined and accounting records, as zstd stores them, give the broker's bytes per sample.
+replica's (the goal: within 10 %); the wall-clock speed-up is reported too, and so is what
+two processes at once cost this machine whatever they run (:mod:`lab.bench.pair_cost`): the
+floor under that ratio here. Each run also reports the group assignments its processes
+logged while measured and the records detect's warm-up re-read (a rebalance mid-run). The
+sizes of the raw, refined and accounting records, as zstd stores them, give the broker's bytes
+per sample.
 """
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -28,6 +33,7 @@ from typing import Any
 
 from lab.bench.figures import BenchResult, GoalOp
 from lab.bench.harness import BenchKafka, S, end_count, process_cpu_s, records, sim_topics
+from lab.bench.pair_cost import pair_cpu_ratio
 from lab.bench.pipeline_procs import LANDED
 from lab.demo.procs import Child, worker_args
 from lab.demo.run import FAULTS
@@ -49,6 +55,10 @@ class StageRun:
     cpu_s: float
     wall_s: float
     peak_rss_mib: float  # the largest of its processes
+    # what the processes logged while measured: group assignments (a rebalance mid-run) and
+    # records re-read by detect's warm-up (state rebuilt for partitions that moved)
+    assignments: int = 0
+    warmup_records: int = 0
 
     @property
     def samples_per_cpu_s(self) -> float:
@@ -112,7 +122,7 @@ def run_stage(
         k.wait(f"{stage} joins", lambda: _members(k, group) == replicas, 180, kids)
         time.sleep(3.0)  # the last joiner's assignment handled
         stop = watch(kids) if watch is not None else None
-        t0, cpu0 = time.monotonic(), _cpu(kids)
+        t0, cpu0, marks = time.monotonic(), _cpu(kids), [_log_size(c) for c in kids]
         copy_topics(k, src, dst, inputs, over_s)
         k.wait(f"{stage} drains", lambda: k.lag(group, [dst + t for t in inputs]) == 0, 900,
                kids)  # fmt: skip
@@ -120,10 +130,35 @@ def run_stage(
         if stop is not None:
             stop()
         rss = max(peak_rss_mib(c.proc.pid) for c in kids)
+        logged = [_logged_since(c, m) for c, m in zip(kids, marks, strict=True)]
     finally:
         for c in kids:
             c.stop(60)
-    return StageRun(stage, nodes, replicas, samples, cpu, wall, rss), dst
+    assigned, warmed = (sum(x) for x in zip(*logged, strict=True))
+    return StageRun(stage, nodes, replicas, samples, cpu, wall, rss, assigned, warmed), dst
+
+
+_ASSIGNED = re.compile(r"group \S+ assigned ")
+_WARMED = re.compile(r"warm-up of \d+ partitions: (\d+) records")
+
+
+def _log_size(c: Child) -> int:
+    try:
+        return c.log.stat().st_size
+    except OSError:
+        return 0
+
+
+def _logged_since(c: Child, mark: int) -> tuple[int, int]:
+    """(assignments, records re-read by warm-ups) that ``c`` logged past byte ``mark``."""
+    try:
+        with open(c.log, "rb") as f:
+            f.seek(mark)
+            text = f.read().decode("utf-8", "replace")
+    except OSError:
+        return 0, 0
+    warmed = sum(int(m.group(1)) for m in _WARMED.finditer(text))
+    return len(_ASSIGNED.findall(text)), warmed
 
 
 def _reached(total: int) -> Callable[[int], bool]:
@@ -237,7 +272,7 @@ def measure_stages(
                 wire[t], wire[t + " (uncompressed)"] = packed / samples, plain / samples
     per_node_s = samples / (node_counts[-1] * seconds)
     return {"runs": [asdict(r) for r in runs], "bytes_per_sample": wire, "seconds": seconds,
-            "samples_per_node_s": per_node_s}  # fmt: skip
+            "samples_per_node_s": per_node_s, "pair_cost": pair_cpu_ratio()}  # fmt: skip
 
 
 def stage_figures(m: dict[str, Any]) -> dict[str, dict[str, float]]:
@@ -285,6 +320,12 @@ def bench_stages(
                   note="CPU-s per million samples: two replicas in a group / one")  # fmt: skip
             r.add(f"{stage}_two_replicas_speedup", f["two_replicas_speedup"], "x",
                   note="wall time of one / of two, both on this machine's cores")  # fmt: skip
+    if "pair_cost" in m:
+        pc = m["pair_cost"]
+        r.add("machine_pair_cpu_ratio", pc["ratio"], "x",
+              note=f"the same memory-bound work in two processes at once / alone "
+              f"({pc['paired_cpu_s']:.2f} / {pc['alone_cpu_s']:.2f} CPU-s): this machine's "
+              "floor under every two-replica ratio (lab.bench.pair_cost)")  # fmt: skip
     for t, b in m["bytes_per_sample"].items():
         name = t.split(" ")[0].split(".")[-1] + ("_uncompressed" if " " in t else "")
         r.add(f"wire_bytes_per_sample_{name}", b, "B/sample", note=t + ", key and value")

@@ -28,6 +28,7 @@ most straggler ranks wins. ``cause`` names it; otherwise ``cause = "none found"`
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
@@ -304,6 +305,19 @@ class StragglerDetector:
         f = Firing.from_dict(js.firing)
         a = f.alert(RULE, f"job/{job}", AlertState.RESOLVED, js.last_ns, now_ns)
         return [a.model_copy(update={"cause": f.evidence.get("cause")})]
+
+    # --- trial judgements -------------------------------------------------------------------
+
+    def fork(self) -> StragglerDetector:
+        """A copy to judge on without changing this one (:meth:`adopt` takes its state):
+        settings, placements and topology shared, episodes per job copied."""
+        twin = copy.copy(self)
+        twin.jobs = {k: copy.deepcopy(v) for k, v in self.jobs.items()}
+        return twin
+
+    def adopt(self, twin: StragglerDetector) -> None:
+        """Take the state of ``twin`` (a :meth:`fork` of this one that judged since)."""
+        self.buffer, self.jobs, self.watermark = twin.buffer, twin.jobs, twin.watermark
 
     # --- state -----------------------------------------------------------------------------
 

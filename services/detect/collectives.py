@@ -9,9 +9,13 @@ no refined partition of a job's nodes judges it as one process owning everything
 Time: collectives wait for the view's watermark (the data time every refined partition has
 reached) to pass their newest ts plus the grace, and for every node of their jobs to reach it
 (one refined partition interleaves nodes read at paces of their own), but for nodes found
-silent or not monitored. A node behind holds them ``NODE_WAIT_NS`` of wall time at most. When
-refined data has stopped (the watermark stands and no partition has records left to read for
-``STALL_NS`` of wall time) they are judged anyway.
+silent or not monitored. The grace is for a cause whose episode has not opened yet; so once
+refined data covers the collectives' own time (watermark and nodes past their newest ts) they
+are judged on a copy of the straggler state, and that judgement stands at once when every
+straggler alert it fires names its cause (or none fires); otherwise they wait out the grace.
+A node behind holds them ``NODE_WAIT_NS`` of wall time at most. When refined data has stopped
+(the watermark stands and no partition has records left to read for ``STALL_NS`` of wall time)
+they are judged anyway.
 """
 
 from __future__ import annotations
@@ -25,8 +29,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipelines.detect.episodes import OpenEpisode
-from pipelines.detect.stragglers import StragglerDetector
-from schemas.records import Alert
+from pipelines.detect.stragglers import NONE_FOUND, StragglerDetector
+from schemas.records import Alert, AlertState
 
 # how far past their newest ts refined data must reach before collectives are judged: the
 # congestion and throttling episodes on the ranks' paths open on the first sample past the
@@ -73,6 +77,11 @@ class _Held:
     passed_ns: int = 0
 
 
+def _reached(reach: Mapping[str, float], jobs: tuple[str, ...], ts: int) -> bool:
+    """Whether every node of each of ``jobs`` was read up to ``ts``."""
+    return all(reach.get(j, math.inf) >= ts for j in jobs)
+
+
 class CollectiveJudge:
     """Held collectives and the straggler detector they feed."""
 
@@ -86,6 +95,7 @@ class CollectiveJudge:
         self._held: list[_Held] = []
         self._stalled_since: int | None = None  # wall ns since when held data waits in vain
         self._moved = 0  # the coverage's moved() as last read
+        self.early = 0  # releases judged before their grace was out
 
     @property
     def holding(self) -> int:
@@ -98,31 +108,60 @@ class CollectiveJudge:
             self._held.append(_Held(due, tuple(pc.unique(table.column("job")).to_pylist()), table))
 
     def release(self, now_ns: int, force: bool = False) -> list[Alert]:
-        """Judge the held collectives refined data covers (all with ``force``)."""
+        """Judge the held collectives refined data covers (all with ``force``); sooner, those
+        it covers up to their own time, when no straggler alert they fire lacks its cause."""
         wm = self.view.watermark()
         if wm is not None and wm > self.watermark:
             self.watermark = wm
             self._stalled_since = None
-        passed = [h for h in self._held if force or h.due <= self.watermark]
-        if not passed:
+        if force:
+            return self._judge(list(self._held), now_ns)
+        covered = [h for h in self._held if h.due - self.grace_ns <= self.watermark]
+        if not covered:
             return []
-        if not force:
-            jobs = {j for h in passed for j in h.jobs}
-            placements = self.stragglers.placements
-            reach = self.view.reach({j: placements[j] for j in jobs if j in placements})
-            for h in passed:
+        jobs = {j for h in covered for j in h.jobs}
+        placements = self.stragglers.placements
+        reach = self.view.reach({j: placements[j] for j in jobs if j in placements})
+        for h in covered:
+            if h.due <= self.watermark:
                 h.passed_ns = h.passed_ns or now_ns
-            passed = [
-                h
-                for h in passed
-                if now_ns - h.passed_ns >= NODE_WAIT_NS
-                or all(reach.get(j, math.inf) >= h.due for j in h.jobs)
-            ]
-            if not passed:
-                return []
-        gone = {id(h) for h in passed}
+        passed = [
+            h
+            for h in covered
+            if h.passed_ns
+            and (now_ns - h.passed_ns >= NODE_WAIT_NS or _reached(reach, h.jobs, h.due))
+        ]
+        judged = {id(h) for h in passed}
+        early = [h for h in covered
+                 if id(h) in judged or _reached(reach, h.jobs, h.due - self.grace_ns)]  # fmt: skip
+        if len(early) > len(passed):
+            out = self._early(early, now_ns)
+            if out is not None:
+                return out
+        return self._judge(passed, now_ns) if passed else []
+
+    def _early(self, held: list[_Held], now_ns: int) -> list[Alert] | None:
+        """Judge ``held`` before their grace is out, if every straggler alert that fires
+        names a cause: the episodes on its path are known already, and waiting would only
+        delay it (the grace is for a cause whose episode has not opened yet). None (nothing
+        judged) otherwise: they wait for the grace."""
+        twin = self.stragglers.fork()
+        coll = pa.concat_tables([h.table for h in held])
+        out = twin.update(coll, self.view.episodes(self.watermark or None), now_ns)
+        if any(a.state is AlertState.FIRING and a.cause == NONE_FOUND for a in out):
+            return None
+        self.stragglers.adopt(twin)
+        gone = {id(h) for h in held}
         self._held = [h for h in self._held if id(h) not in gone]
-        coll = pa.concat_tables([h.table for h in passed])
+        self.early += 1
+        return out
+
+    def _judge(self, held: list[_Held], now_ns: int) -> list[Alert]:
+        if not held:
+            return []
+        gone = {id(h) for h in held}
+        self._held = [h for h in self._held if id(h) not in gone]
+        coll = pa.concat_tables([h.table for h in held])
         return self.stragglers.update(coll, self.view.episodes(self.watermark or None), now_ns)
 
     def tick(self, now_ns: int) -> list[Alert]:

@@ -249,6 +249,11 @@ class DetectRunner:
             "groups": progress.groups,
             "records": progress.records,
             "since_last_group_s": round(time.monotonic() - progress.last_group_done, 1),
-            "stats": {**self.core.stats, "skipped": state.skipped, "refetched": state.refetched},
+            "stats": {
+                **self.core.stats,
+                "skipped": state.skipped,
+                "refetched": state.refetched,
+                "collectives_judged_early": self.core.detector.collectives.early,
+            },
         }
         return body, ok

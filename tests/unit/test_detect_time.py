@@ -70,6 +70,31 @@ def test_stragglers_wait_for_the_congestion_on_their_path() -> None:
     assert a.cause.startswith("PFC storm on leaf-p0-r3 port 2"), a.cause
 
 
+def test_a_straggler_whose_cause_is_open_is_judged_before_the_grace_is_out() -> None:
+    """The grace waits for a cause whose episode has not opened yet. Once refined data covers
+    the collectives' own time and the congestion on the late rank's path is open, the
+    straggler fires then; with no episode on its path it waits the grace out and says so."""
+    fired: dict[bool, tuple[int, str | None]] = {}
+    for storm in (True, False):
+        d = Detector(default_catalog(), topology=Topo(), grace_ns=3 * S)
+        d.set_jobs([PLACEMENT])
+        for t in collectives(range(3)):  # the newest at 2 s (+ skews)
+            assert d.on_collectives(t, T0).alerts == []
+        pause = [1.2e5 if storm else 5.0] * 10
+        rows = series("n2", "mlx5_3/1/prio3", "nic.rx_prio_pause", pause, field="rate", **ENR)
+        for now, t in batches(rows):
+            d.on_refined(t, now)
+            wm = int(t.column("ts")[0].as_py())
+            alerts = d.advance(wm, now).alerts
+            if alerts and storm not in fired:
+                (a,) = alerts
+                assert a.rule == "nccl_straggler"
+                fired[storm] = (wm - T0, a.cause)
+    assert fired[True][0] == 3 * S  # the first watermark past the newest collective
+    assert (fired[True][1] or "").startswith("PFC storm on leaf-p0-r3 port 2"), fired[True]
+    assert fired[False] == (6 * S, "none found")  # the newest + the 3 s grace
+
+
 def test_held_collectives_are_forced_out_only_when_the_watermark_stalls() -> None:
     d = Detector(default_catalog(), topology=Topo(), grace_ns=3 * S)
     d.set_jobs([PLACEMENT])
