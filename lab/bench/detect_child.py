@@ -9,9 +9,10 @@ allocator settings.
 
 The replay: the file's records in groups of ``take_max`` (the agent's ``noack_take``), each
 group routed, the detector advanced to the watermark of the refined partitions (their high
-watermarks: the file's end, a backlog being read), then ticked and its records built, as the
-agent's group and its timer do. The engine's clock is data time (the newest ``ts`` read plus
-one second), so the output is a function of the file.
+watermarks: the file's end, a backlog being read) and its records built, as the agent's group
+does, and ticked once a second of the engine's clock, as the agent's timer is. The engine's
+clock is data time (the newest ``ts`` read plus one second), so the output is a function of
+the file.
 """
 
 from __future__ import annotations
@@ -108,6 +109,9 @@ def replay(path: Path, digest: bool = True, take: int | None = None) -> dict[str
     cpu = 0.0
     samples = groups = 0
 
+    tick_ns = int(DetectConfig().tick_s * S)
+    last_tick = [0]
+
     def high(p: int) -> int:
         return ends.get(p, -1)
 
@@ -119,7 +123,9 @@ def replay(path: Path, digest: bool = True, take: int | None = None) -> dict[str
         wm = core.watermark(high)
         if wm is not None:
             out.extend(detector.advance(wm, now))
-        out.extend(detector.tick(now, refined_pending=core.refined_pending(high)))
+        if now - last_tick[0] >= tick_ns:  # the agent's timer: once a second
+            out.extend(detector.tick(now, refined_pending=core.refined_pending(high)))
+            last_tick[0] = now
         core.messages(out)
         cpu += time.process_time() - t0
         groups += 1

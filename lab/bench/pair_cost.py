@@ -1,9 +1,10 @@
-"""What running two processes at once costs this machine, whatever they run: the same fixed,
-memory-bound work (numpy gathers and sorts over 64 MB, as detect's Arrow and numpy passes
-touch tens of megabytes per group) timed in CPU-seconds alone, then in two processes started
-together. On a host whose cores share caches and memory bandwidth (a VM's vCPUs on one
-physical core's threads, a busy host), each of two processes spends more CPU-seconds on the
-same work than one alone: a floor under any stage's second-replica ratio on that machine.
+"""What running two processes at once costs this machine on memory-bound work: the same
+fixed work (numpy gathers and sorts over 64 MB, as detect's Arrow and numpy passes touch tens
+of megabytes per group) timed in CPU-seconds alone, then in two processes started together.
+On a host whose cores share caches and memory bandwidth (a VM's vCPUs, a busy host), each of
+two such processes spends more CPU-seconds on the same work than one alone. It is context for
+the ``stages`` benchmark's second-replica ratios, not a floor under them: a stage whose
+replicas seldom run at the same moment, or whose work fits the caches, pays less.
 
 ``python -m lab.bench.pair_cost`` prints one JSON line; :func:`pair_cpu_ratio` is what the
 ``stages`` benchmark reports beside its second-replica figures.

@@ -15,11 +15,10 @@ start-up and rebalances are left out; ``peak RSS``: the largest ``VmHWM`` of its
 The second replica runs at the largest node count on the same input. On this machine's two
 cores it cannot run faster, so its figure is CPU-seconds per million samples against one
 replica's (the goal: within 10 %); the wall-clock speed-up is reported too, and so is what
-two processes at once cost this machine whatever they run (:mod:`lab.bench.pair_cost`): the
-floor under that ratio here. Each run also reports the group assignments its processes
-logged while measured and the records detect's warm-up re-read (a rebalance mid-run). The
-sizes of the raw, refined and accounting records, as zstd stores them, give the broker's bytes
-per sample.
+two processes at once cost this machine on memory-bound work (:mod:`lab.bench.pair_cost`).
+Each run also reports the group assignments its processes logged while measured and the
+records detect's warm-up re-read (a rebalance mid-run). The sizes of the raw, refined and
+accounting records, as zstd stores them, give the broker's bytes per sample.
 """
 
 from __future__ import annotations
@@ -324,8 +323,8 @@ def bench_stages(
         pc = m["pair_cost"]
         r.add("machine_pair_cpu_ratio", pc["ratio"], "x",
               note=f"the same memory-bound work in two processes at once / alone "
-              f"({pc['paired_cpu_s']:.2f} / {pc['alone_cpu_s']:.2f} CPU-s): this machine's "
-              "floor under every two-replica ratio (lab.bench.pair_cost)")  # fmt: skip
+              f"({pc['paired_cpu_s']:.2f} / {pc['alone_cpu_s']:.2f} CPU-s): what contention "
+              "costs this machine; context for the two-replica ratios")  # fmt: skip
     for t, b in m["bytes_per_sample"].items():
         name = t.split(" ")[0].split(".")[-1] + ("_uncompressed" if " " in t else "")
         r.add(f"wire_bytes_per_sample_{name}", b, "B/sample", note=t + ", key and value")

@@ -109,3 +109,37 @@ def test_detect_leaves_mimallocs_purge_on_and_the_other_commands_keep_pages(
     with pytest.raises(SystemExit):
         main(["worker", "--help"])
     assert os.environ["MIMALLOC_PURGE_DELAY"] == "-1"
+
+
+_TRIM_CHILD = """
+import ctypes, sys
+from services.heap import keep_heap, trimmer
+assert keep_heap()
+
+def rss_mib():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError
+
+libc = ctypes.CDLL(None)
+libc.malloc.restype = ctypes.c_void_p
+libc.free.argtypes = [ctypes.c_void_p]
+blocks = [libc.malloc(256 << 10) for _ in range(1024)]  # 256 MiB of the kept heap
+for b in blocks:
+    ctypes.memset(b, 1, 256 << 10)  # resident
+for b in blocks[:-1]:
+    libc.free(b)  # freed below the last one, which pins the heap's top
+freed = rss_mib()
+trimmer()()
+print(freed, rss_mib())
+"""
+
+
+def test_the_trim_hands_freed_heap_below_a_live_block_back() -> None:
+    """With the heap kept (detect's setting), memory freed below a block still in use stays
+    resident until :func:`trimmer`'s call hands it back."""
+    out = subprocess.run([sys.executable, "-c", _TRIM_CHILD], capture_output=True, text=True,
+                         timeout=60, check=True)  # fmt: skip
+    freed, trimmed = (float(x) for x in out.stdout.split())
+    assert freed - trimmed > 200, (freed, trimmed)
