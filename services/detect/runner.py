@@ -43,16 +43,17 @@ class DetectConfig:
     web_port: int | None = None  # /health and /metrics on web_host (None: off)
     web_host: str = "127.0.0.1"  # the bind address (a pod's IP where probes call it)
     data_dir: Path = Path(".refinery/detect")
-    # records a group takes at most: its records and the tables judged from them are held at
-    # once, so this bounds the process's memory when it reads faster than records come (a
-    # backlog, the start). Replayed at 64 simulated nodes: 500 took 1.06 M samples/CPU-s at a
-    # peak RSS of 393 MiB, 128 1.04-1.06 M at 285-289 MiB, 64 0.90 M at 260 MiB
-    take_max: int = 128
+    # records a group takes at most. A smaller bound would hold fewer records and tables at
+    # once when the process reads faster than records come (a backlog, the start), but it
+    # counts records, not samples: replayed, 128 took 0.68-1.02 M samples/CPU-s at 24-192
+    # simulated nodes against 500's 1.14-1.40 M, and the process's peak RSS at the live load of
+    # 64 nodes did not fall (407 MiB against 428)
+    take_max: int = 500
     # how long a group waits to fill (take_max records) before it is judged: alerts wait up
     # to this much longer. A group's fixed cost (~100 Arrow calls over its rules, rollups and
     # episodes) is paid per group: at a live load well below a replica's capacity, groups of
     # 0.2 s of input replayed at ~550 k samples/CPU-s, of 1.7 s at ~830 k; a replica near its
-    # capacity fills its groups to take_max and pays it per 128 records whatever this is
+    # capacity fills its groups to take_max and pays it per 500 records whatever this is
     take_within_s: float = 0.2
     tick_s: float = 1.0
     warmup_stall_s: float = 60.0  # warm-up reads nothing this long: crash
