@@ -56,6 +56,10 @@ class DetectConfig:
     # capacity fills its groups to take_max and pays it per 500 records whatever this is
     take_within_s: float = 0.2
     tick_s: float = 1.0
+    # how often the free pages of glibc's heap go back to the system (services.heap.trimmer):
+    # at 64 simulated nodes the process then settled at 254-260 MiB instead of 344-377, for
+    # the same CPU (6.2-6.4 against 6.3-6.7 CPU-s over the same input, two runs each)
+    trim_every_s: float = 1.0
     warmup_stall_s: float = 60.0  # warm-up reads nothing this long: crash
     stall_after_s: float = 30.0  # /health: a group in flight this long is unhealthy
     gc_settle_every_s: float = 600.0  # full garbage collections on this schedule (GcPacer)
@@ -92,7 +96,8 @@ class DetectRunner:
         # primed when the agent starts (the long first settle before any record waits), then
         # again after the first group
         self.gc_pacer = GcPacer(cfg.gc_settle_every_s)
-        self._trim = trimmer()  # each tick: free heap pages back to the system
+        self._trim = trimmer()  # free heap pages back to the system, every trim_every_s
+        self._trimmed = time.monotonic()
         self.lock = asyncio.Lock()  # one user of the detector at a time, outputs in order
         self.ready = asyncio.Event()  # set while no warm-up is under way
         self.inputs = set(read_topics(core.topics))
@@ -220,7 +225,9 @@ class DetectRunner:
             out = self.core.detector.tick(now, refined_pending=pending)
             await self.checkpoint.publish(msgs + self.core.messages(out))
         self.telemetry.gauge("detect.groups", self.progress.groups)
-        self._trim()
+        if time.monotonic() - self._trimmed >= self.cfg.trim_every_s:
+            self._trim()
+            self._trimmed = time.monotonic()
         idle = time.monotonic() - self.state.last_data
         if self.cfg.idle_exit_s is not None and idle > self.cfg.idle_exit_s:
             log.info("no input for %.0fs: stopping", idle)

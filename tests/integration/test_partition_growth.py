@@ -73,7 +73,7 @@ def _grow(bootstrap: str, run: Run, n: int) -> dict[str, Any]:
     done = subprocess.run(
         [sys.executable, "-m", "services.cli", "worker", "grow", "--partitions", str(n),
          "--topic-prefix", run.prefix, "--app-id", run.prefix + "worker", "--settle-s", "30",
-         "--quiet-s", "8", "--json", *WORKER_CLOCK_ARGS],
+         "--quiet-s", "15", "--json", *WORKER_CLOCK_ARGS],
         env=env, capture_output=True, text=True, timeout=240, cwd=REPO,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
