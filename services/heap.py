@@ -26,7 +26,7 @@ few megabytes each, and its process spent the same CPU per sample with purged pa
 steady state. For the same reason detect hands glibc's free pages back once a second
 (:func:`trimmer`, ``malloc_trim``): its fetches and records are decoded on Faust's consumer
 thread, whose glibc arena otherwise stays at its high-water mark (64 MiB resident at 64
-simulated nodes, 14 MiB with the trim; the process settled at ~265 MiB instead of ~340).
+simulated nodes, 14 MiB with the trim; the process settled at 254-260 MiB instead of 344-377).
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ import ctypes
 import ctypes.util
 import os
 from collections.abc import Callable, MutableMapping
+from typing import Any
 
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
@@ -44,15 +45,19 @@ TRIM_THRESHOLD = 1 << 30
 RETURNS_ARROW_PAGES = frozenset({"detect"})
 
 
+def _glibc(function: str) -> Any:
+    """``function`` of the C library, or None off glibc (musl has neither of ours)."""
+    name = ctypes.util.find_library("c")
+    try:
+        return getattr(ctypes.CDLL(name), function) if name is not None else None
+    except (OSError, AttributeError):
+        return None
+
+
 def keep_heap() -> bool:
     """Apply the settings to this process; True if glibc accepted both."""
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return False
-    try:
-        libc = ctypes.CDLL(name)
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):  # not glibc (musl has no mallopt)
+    mallopt = _glibc("mallopt")
+    if mallopt is None:
         return False
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
     mallopt.restype = ctypes.c_int
@@ -65,11 +70,7 @@ def keep_heap() -> bool:
 def trimmer() -> Callable[[], None]:
     """A call that hands glibc's free memory back to the system (``malloc_trim(0)``: every
     arena, free pages inside a heap too, not only at its top); a no-op off glibc."""
-    name = ctypes.util.find_library("c")
-    try:
-        trim = ctypes.CDLL(name).malloc_trim if name is not None else None
-    except (OSError, AttributeError):
-        trim = None
+    trim = _glibc("malloc_trim")
     if trim is None:
         return lambda: None
     trim.argtypes = [ctypes.c_size_t]

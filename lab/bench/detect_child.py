@@ -110,22 +110,22 @@ def replay(path: Path, digest: bool = True, take: int | None = None) -> dict[str
     samples = groups = 0
 
     tick_ns = int(DetectConfig().tick_s * S)
-    last_tick = [0]
+    last_tick = 0
 
     def high(p: int) -> int:
         return ends.get(p, -1)
 
     def step(group: list[tuple[str, int, int, bytes]]) -> None:
-        nonlocal cpu, samples, groups
+        nonlocal cpu, samples, groups, last_tick
         now = max(detector.newest, detector.watermark) + S
         t0 = time.process_time()
         out = core.route_group(group, now)
         wm = core.watermark(high)
         if wm is not None:
             out.extend(detector.advance(wm, now))
-        if now - last_tick[0] >= tick_ns:  # the agent's timer: once a second
+        if now - last_tick >= tick_ns:  # the agent's timer: once a second
             out.extend(detector.tick(now, refined_pending=core.refined_pending(high)))
-            last_tick[0] = now
+            last_tick = now
         core.messages(out)
         cpu += time.process_time() - t0
         groups += 1

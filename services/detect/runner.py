@@ -46,8 +46,8 @@ class DetectConfig:
     # records a group takes at most. A smaller bound would hold fewer records and tables at
     # once when the process reads faster than records come (a backlog, the start), but it
     # counts records, not samples: replayed, 128 took 0.68-1.02 M samples/CPU-s at 24-192
-    # simulated nodes against 500's 1.14-1.40 M, and the process's peak RSS at the live load of
-    # 64 nodes did not fall (407 MiB against 428)
+    # simulated nodes against 500's 1.09-1.44 M, for a peak RSS at the live load of 64 nodes
+    # of 407 MiB against 470-500
     take_max: int = 500
     # how long a group waits to fill (take_max records) before it is judged: alerts wait up
     # to this much longer. A group's fixed cost (~100 Arrow calls over its rules, rollups and
