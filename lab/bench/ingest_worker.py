@@ -29,6 +29,7 @@ from typing import Any
 
 from confluent_kafka import Consumer, Producer
 
+from lab.bench.faust_floor import floor
 from lab.bench.figures import BenchResult
 from lab.bench.ingest import SECOND, Adapter, adapters, on_host, refine_rate
 from services.topics import apply_topics, load_topic_specs
@@ -64,6 +65,9 @@ def _backlog(bootstrap: str, topic: str, a: Adapter, n: int, hosts: int) -> None
     p.flush(120)
 
 
+ONE_LINE_GOAL = 300e3  # samples per worker CPU-second, one-metric messages (issue #43)
+BATCHED_GOAL = 500e3  # and batched formats
+FLOOR_RECORDS = 60_000  # records the Faust floor is measured over (~7 CPU-s here)
 MIN_CPU_S = 2.0  # worker CPU a figure rests on: ticks of 10 ms and start-up effects vanish
 MAX_BACKLOG_BYTES = 256 << 20
 
@@ -214,11 +218,24 @@ def bench_ingest_worker(k: Any, messages: int) -> BenchResult:
             capped = f", the backlog capped at {MAX_BACKLOG_BYTES >> 20} MiB" * (n >= cap)
             why = (f"; N/A: {cpu:.2f} CPU-s is too little to time (under "
                    f"{MIN_CPU_S * 0.75:.1f}){capped}")  # fmt: skip
-        r.add(f"ingest_{a.name}_worker_samples_per_cpu_s", rate, "samples/CPU-s",
+        goal = ONE_LINE_GOAL if one_line else BATCHED_GOAL
+        r.add(f"ingest_{a.name}_worker_samples_per_cpu_s", rate, "samples/CPU-s", ">=", goal,
               note=f"refined samples of a worker subprocess, {records} of {n} records after "
               f"its first, {cpu:.1f} CPU-s{as_rates}{why}")  # fmt: skip
         r.details[a.name] = {"messages": n, "hosts": hosts, "records": records, "cpu_s": cpu,
                              "refined": w.refined_samples, "outcomes": w.outcomes}  # fmt: skip
+    f = floor(k.kafka.bootstrap_servers, FLOOR_RECORDS)
+    r.add("ingest_faust_floor_us_per_record", f.us_per_record, "µs/record",
+          note=f"CPU of a process whose Faust agent only takes and acks one-line records in "
+          f"the worker's groups ({f.records} records, {f.cpu_s:.1f} CPU-s; "
+          f"lab.bench.faust_floor): the least a worker on Faust's stream spends")  # fmt: skip
+    for a in adapters():
+        if a.samples <= 64 and a.format in TOPICS:
+            r.add(f"ingest_{a.name}_faust_ceiling_samples_per_cpu_s",
+                  a.samples / f.us_per_record * 1e6, "samples/CPU-s",
+                  note=f"{a.samples} samples a record over the floor above: the most any "
+                  "refining on Faust's stream reaches with this shape")  # fmt: skip
+    r.details["faust_floor"] = {"records": f.records, "cpu_s": f.cpu_s}
     return r
 
 
