@@ -107,3 +107,50 @@ def test_a_worker_without_its_spinner_leaves_the_root_loggers_level_as_configure
     )
     assert ours.spinner is None
     assert level_after_setup(ours) == logging.WARNING
+
+
+def test_the_fetcher_still_races_each_delivery_as_the_inline_delivery_expects(
+    tmp_path: Path,
+) -> None:
+    """``delivered_inline`` recognizes Faust's per-record ``wait_first`` call by its second
+    argument, ``suspend_flow.wait()``, and reads the state under which Conductor's
+    ``on_message`` does not wait (flow control, the producer buffer, the channels' queues)."""
+    from faust.transport.conductor import ConductorCompiler
+    from faust.transport.consumer import Consumer as FaustConsumer
+
+    drain = inspect.getsource(FaustConsumer._drain_messages)
+    assert "self.wait_first(" in drain and "callback(message), self.suspend_flow.wait()" in drain
+    build = inspect.getsource(ConductorCompiler.build)
+    assert "await acquire_flow_control()" in build and "await wait_until_producer_ebb()" in build
+    assert "if queue.full():" in build and "queue.put_nowait_enhanced(" in build
+    app: Any = _app(tmp_path, "inline")
+    consumer: Any = app.consumer
+    assert isinstance(consumer.suspend_flow, asyncio.Event)
+    assert consumer._crashed is not None and hasattr(app.topics, "_topics")
+    buffer = app.producer.buffer
+    assert isinstance(buffer.size, int) and isinstance(buffer.max_messages, int)
+    assert not app.flow_control.is_active()  # suspended until partitions are assigned
+
+    async def check() -> None:
+        assert not internals._delivers_at_once(consumer)
+        app.flow_control.resume()
+        waits = consumer.suspend_flow.wait()
+        assert internals._is_wait_of(waits, consumer.suspend_flow)
+        other = asyncio.Event().wait()
+        assert not internals._is_wait_of(other, consumer.suspend_flow)
+        waits.close()
+        other.close()
+        assert internals._delivers_at_once(consumer)
+        consumer.suspend_flow.set()  # a rebalance: Faust's race
+        assert not internals._delivers_at_once(consumer)
+        consumer.suspend_flow.clear()
+        app.flow_control.suspend()
+        assert not internals._delivers_at_once(consumer)
+        app.flow_control.resume()
+        chan = app.topic("t", key_type=bytes, value_type=bytes)
+        app.topics.add(chan)
+        for _ in range(chan.queue.maxsize):
+            chan.queue.put_nowait(b"x")
+        assert not internals._delivers_at_once(consumer)  # a full stream buffer: the race
+
+    asyncio.run(check())
