@@ -83,14 +83,14 @@ def floor(bootstrap: str, n: int) -> Floor:
     return Floor(int(got["records"]), float(got["cpu_s"]))
 
 
-def _child(bootstrap: str, topic: str, n: int, out: str, data_dir: str) -> None:
-    import asyncio
-
+def reader_app(name: str, bootstrap: str, topic: str, data_dir: str, buffer: int) -> Any:
+    """A Faust app built as the worker builds its own (``services.kafka.faust_app.App``, its
+    fetch, commit and stream-buffer settings; ``buffer`` records buffered a stream) and its
+    topic ``topic`` of raw bytes: ``(app, topic)``."""
     from services.kafka.faust_app import App
-    from services.kafka.group import manual_acks
 
     app = App(
-        f"{topic}-floor",
+        name,
         broker=f"kafka://{bootstrap}",
         autodiscover=False,
         datadir=data_dir,
@@ -101,11 +101,20 @@ def _child(bootstrap: str, topic: str, n: int, out: str, data_dir: str) -> None:
         consumer_auto_offset_reset="earliest",
         consumer_max_fetch_size=32 * 1024 * 1024,
         stream_wait_empty=False,
-        stream_buffer_maxsize=8192,
+        stream_buffer_maxsize=buffer,
         web_enabled=False,
     )
     source = app.topic(topic, key_type=bytes, value_type=bytes, key_serializer="raw",
                        value_serializer="raw")  # fmt: skip
+    return app, source
+
+
+def _child(bootstrap: str, topic: str, n: int, out: str, data_dir: str) -> None:
+    import asyncio
+
+    from services.kafka.group import manual_acks
+
+    app, source = reader_app(f"{topic}-floor", bootstrap, topic, data_dir, 8192)
     state: dict[str, Any] = {"seen": 0, "first": 0, "cpu0": None}
 
     def cpu() -> float:

@@ -15,7 +15,7 @@ from typing import Any
 
 def main(bootstrap: str, topic: str, n: int, buffer: int, out: str, data_dir: str) -> None:
     import services.kafka.internals as internals
-    from services.kafka.faust_app import App
+    from lab.bench.faust_floor import reader_app
     from services.kafka.group import manual_acks, run_worker
 
     paths = {"inline": 0, "raced": 0}
@@ -27,20 +27,7 @@ def main(bootstrap: str, topic: str, n: int, buffer: int, out: str, data_dir: st
         return got
 
     internals._delivers_at_once = counted
-    app = App(
-        f"{topic}-reader",
-        broker=f"kafka://{bootstrap}",
-        autodiscover=False,
-        datadir=data_dir,
-        store="memory://",
-        broker_commit_interval=1.0,
-        consumer_auto_offset_reset="earliest",
-        stream_wait_empty=False,
-        stream_buffer_maxsize=buffer,
-        web_enabled=False,
-    )
-    source = app.topic(topic, key_type=bytes, value_type=bytes, key_serializer="raw",
-                       value_serializer="raw")  # fmt: skip
+    app, source = reader_app(f"{topic}-reader", bootstrap, topic, data_dir, buffer)
     offsets: dict[int, list[int]] = {}
 
     async def agent(stream: Any) -> None:
