@@ -9,6 +9,7 @@ Skipped, saying why, where Java or the Maven download of s3proxy is not availabl
 
 from __future__ import annotations
 
+import logging
 import random
 import subprocess
 import threading
@@ -219,30 +220,42 @@ def test_a_commit_tried_while_the_store_is_down_waits_and_lands_once(
     killable_s3: LocalS3, tmp_path: Path
 ) -> None:
     """The sink driven directly: its flush (two hours: two data files) is uploaded, then the
-    store is killed before the commit and restarted a second later. The commit (manifests,
-    metadata) fails and is retried from the re-read offsets with the files already uploaded,
-    once the store is back: one snapshot, each row once, no file left over."""
+    store is killed before the commit and restarted once the sink has logged the commit's
+    failure (a restart on a timer raced the S3 client's own retries: a store back within them
+    let the first commit through). The commit (manifests, metadata) fails and is retried from
+    the re-read offsets with the files already uploaded, once the store is back: one
+    snapshot, each row once, no file left over."""
     local = killable_s3
     st = local.restart()
     lake = f"s3://{st.bucket}/t-{uuid.uuid4().hex[:10]}"
     calls: list[int] = []
-    back = threading.Timer(1.0, local.restart)
+    restarts: list[int] = []
+
+    class _RestartOnRetry(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if "retrying" in record.getMessage() and not restarts:
+                restarts.append(1)
+                local.restart()
 
     def pause() -> None:  # before each commit attempt: the first finds the store killed
         calls.append(1)
         if len(calls) == 1:
             local.kill()
-            back.start()
 
     sink = open_writer(lake, s3=_settings(st), iceberg=_iceberg(tmp_path), pause=pause)
     assert isinstance(sink, IcebergLakeSink)
     t = _samples(0)
     offsets = np.asarray(t.column("raw_offset").to_numpy(), np.int64)
+    watch = _RestartOnRetry()
+    sink_log = logging.getLogger("services.lake.iceberg_sink")
+    sink_log.addHandler(watch)
     try:
         files = sink.land_flushes("samples", [Flush(0, 0, 2, t, offsets)])
     finally:
-        if back.ident is not None:  # started
-            back.join(60)
+        sink_log.removeHandler(watch)
+        if not restarts:
+            local.restart()
+    assert restarts == [1]
     assert len(calls) == 2 and sink.reconnects >= 1 and sink.commits == 1
     assert set(files) == _data_objects(_store(st, lake))  # uploaded once, reused
     assert sink.landed_high_water("samples") == {0: 2}
