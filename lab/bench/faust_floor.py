@@ -20,18 +20,8 @@ import resource
 import subprocess
 import sys
 import tempfile
-import time
-import uuid
 from dataclasses import asdict, dataclass
 from typing import Any
-
-from confluent_kafka import Producer
-from confluent_kafka.admin import AdminClient, NewTopic
-
-ONE_LINE = (
-    b"cpu,cpu=cpu%d,host=h%03d usage_user=1.5,usage_system=0.5,usage_idle=97.0,"
-    b"usage_iowait=0.1,usage_irq=0,usage_softirq=0.2,usage_steal=0,usage_nice=0 %d"
-)
 
 
 @dataclass(frozen=True)
@@ -44,30 +34,9 @@ class Floor:
         return self.cpu_s / self.records * 1e6 if self.records else float("nan")
 
 
-def _backlog(bootstrap: str, topic: str, n: int) -> None:
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    for f in admin.create_topics([NewTopic(topic, 8, 1)]).values():
-        f.result(30)
-    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20})
-    t0 = time.time_ns()
-    for i in range(n):
-        host = (i // 64) % 300
-        body = ONE_LINE % (i % 64, host, t0 + (i // 19_200) * 1_000_000_000)
-        while True:
-            try:
-                p.produce(topic, body, key=b"h%03d" % host)
-                break
-            except BufferError:
-                p.poll(0.05)
-        p.poll(0)
-    p.flush(60)
-
-
-def floor(bootstrap: str, n: int) -> Floor:
-    """The floor measured over ``n`` records on a fresh topic (the process's CPU from the end
-    of its first group to its last record)."""
-    topic = f"floor{uuid.uuid4().hex[:8]}"
-    _backlog(bootstrap, topic, n)
+def floor(bootstrap: str, topic: str, n: int) -> Floor:
+    """The floor measured over the ``n`` records of ``topic``'s backlog (the process's CPU
+    from the end of its first group to its last record)."""
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "floor.json")
         cmd = [sys.executable, "-m", "lab.bench.faust_floor", "--child", bootstrap, topic,
@@ -150,8 +119,10 @@ def main(argv: list[str]) -> int:
     if not bootstrap:
         print("faust_floor: set REFINERY_BOOTSTRAP_SERVERS", file=sys.stderr)
         return 2
+    from lab.bench.ingest_worker import one_line_backlog
+
     n = int(argv[0]) if argv else 60_000
-    f = floor(bootstrap, n)
+    f = floor(bootstrap, one_line_backlog(bootstrap, n), n)
     print(json.dumps({**asdict(f), "us_per_record": f.us_per_record}))
     return 0
 
